@@ -1,0 +1,145 @@
+"""Inference YAML: which checkpoint, how to sample, decode and place weights.
+
+Environment overrides (deployment knobs, not needed for the normal YAML path):
+``SHOTLOOM_INFERENCE_CONFIG`` selects the YAML, ``SHOTLOOM_CHECKPOINT`` replaces
+``paths.checkpoint``. ``ECHO_INFERENCE_CONFIG`` / ``ECHO_CHECKPOINT`` are accepted
+as aliases (the r2v scheduler spec names them).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from shotloom import ENV_PREFIX
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_INFERENCE_CONFIG = REPO_ROOT / "configs" / "inference.wan-tiny.yaml"
+
+
+def env(name: str) -> str | None:
+    """Read ``SHOTLOOM_<name>``, falling back to the ``ECHO_<name>`` alias."""
+    return os.environ.get(f"{ENV_PREFIX}_{name}") or os.environ.get(f"ECHO_{name}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Paths(_Strict):
+    checkpoint: Path = Field(description="Diffusers folder (model_index.json + subfolders).")
+    cache_dir: Path = Field(
+        default=Path("var/cache/conditioning"),
+        description="Content-addressed conditioning cache (safetensors).",
+    )
+
+
+class TinyCheckpoint(_Strict):
+    """Build a tiny random checkpoint at ``paths.checkpoint`` when it is missing."""
+
+    build_if_missing: bool = False
+    seed: int = 0
+
+
+class Sampler(_Strict):
+    """Few-step DMD: predict x0, re-noise to the next sigma."""
+
+    sigmas: list[float] = Field(default=[1.0, 0.75, 0.5, 0.25])
+    shift: float = Field(default=1.0, gt=0)
+    guidance_scale: float = 1.0
+
+    @field_validator("sigmas")
+    @classmethod
+    def _descending(cls, v: list[float]) -> list[float]:
+        if not v or any(not 0 < s <= 1 for s in v) or any(a <= b for a, b in zip(v, v[1:])):
+            raise ValueError("sigmas must be a non-empty, strictly descending list in (0, 1]")
+        return v
+
+    @property
+    def steps(self) -> int:
+        return len(self.sigmas)
+
+
+class Defaults(_Strict):
+    width: int = Field(default=64, gt=0)
+    height: int = Field(default=64, gt=0)
+    num_frames: int = Field(default=17, gt=0)
+    fps: int = Field(default=16, gt=0)
+    negative_prompt: str = ""
+
+
+class Tiling(_Strict):
+    """Tiled VAE decode. Tile/stride must be multiples of the VAE's spatial ratio.
+
+    Overlap is ``tile - stride`` (pixels or frames); it is blended by the VAE.
+    """
+
+    enabled: bool = True
+    tile_px: int = Field(default=256, gt=0)
+    stride_px: int = Field(default=192, gt=0)
+    tile_frames: int = Field(default=16, gt=0)
+    stride_frames: int = Field(default=8, gt=0)
+
+    @model_validator(mode="after")
+    def _stride_le_tile(self) -> Tiling:
+        if self.stride_px > self.tile_px or self.stride_frames > self.tile_frames:
+            raise ValueError("tiling stride must not exceed the tile size")
+        return self
+
+    @property
+    def overlap_px(self) -> int:
+        return self.tile_px - self.stride_px
+
+    @property
+    def overlap_frames(self) -> int:
+        return self.tile_frames - self.stride_frames
+
+
+class Audio(_Strict):
+    silent_track: bool = Field(
+        default=True,
+        description="Write a silent AAC track for families that make no audio (keeps merges in sync).",
+    )
+    sample_rate: int = Field(default=24000, gt=0)
+    channels: int = Field(default=2, ge=1, le=2)
+
+
+class InferenceConfig(_Strict):
+    family: Literal["wan", "ltx2"]
+    paths: Paths
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    sampler: Sampler = Sampler()
+    defaults: Defaults = Defaults()
+    tiling: Tiling = Tiling()
+    offload: bool = Field(default=False, description="Diffusers group offload of the DiT.")
+    audio: Audio = Audio()
+    tiny: TinyCheckpoint = TinyCheckpoint()
+
+    source: Path | None = Field(default=None, exclude=True)
+
+
+def resolve_config_path(path: str | Path | None = None) -> Path:
+    chosen = path or env("INFERENCE_CONFIG") or DEFAULT_INFERENCE_CONFIG
+    return Path(chosen).expanduser().resolve()
+
+
+def load_inference_config(path: str | Path | None = None) -> InferenceConfig:
+    """Load the inference YAML; relative paths inside it resolve against the repo root."""
+    cfg_path = resolve_config_path(path)
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"inference config not found: {cfg_path}")
+    data = yaml.safe_load(cfg_path.read_text()) or {}
+    cfg = InferenceConfig.model_validate(data)
+    checkpoint = env("CHECKPOINT")
+    if checkpoint:
+        cfg.paths.checkpoint = Path(checkpoint)
+    for name in ("checkpoint", "cache_dir"):
+        p = Path(getattr(cfg.paths, name)).expanduser()
+        setattr(cfg.paths, name, p if p.is_absolute() else (REPO_ROOT / p).resolve())
+    cfg.source = cfg_path
+    return cfg

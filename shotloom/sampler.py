@@ -1,0 +1,43 @@
+"""Few-step DMD sampling on diffusers' flow-match scheduler.
+
+DMD = predict x0, then re-noise to the next sigma. ``FlowMatchEulerDiscreteScheduler``
+with ``stochastic_sampling=True`` does exactly that. Some pipelines (Wan) call
+``set_timesteps(num_steps)`` themselves and take no ``sigmas=``, so the scheduler
+here pins the YAML's sigma list and ignores what the pipeline asks.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+
+
+class DMDScheduler(FlowMatchEulerDiscreteScheduler):
+    pinned_sigmas: list[float] | None = None
+
+    def set_timesteps(self, num_inference_steps=None, device=None, sigmas=None, mu=None, timesteps=None):
+        if self.pinned_sigmas is not None:
+            sigmas, num_inference_steps, timesteps = list(self.pinned_sigmas), None, None
+        return super().set_timesteps(
+            num_inference_steps=num_inference_steps, device=device, sigmas=sigmas, mu=mu, timesteps=timesteps
+        )
+
+
+def make_dmd_scheduler(base_config, sigmas: list[float], shift: float) -> DMDScheduler:
+    """A DMD scheduler from a pipeline's scheduler config and the YAML's sampler section."""
+    sched = DMDScheduler.from_config(
+        base_config, stochastic_sampling=True, shift=shift, use_dynamic_shifting=False
+    )
+    sched.pinned_sigmas = list(sigmas)
+    return sched
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed the global RNGs (Wan's re-noise uses them) and return a seeded generator."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    return torch.Generator("cpu").manual_seed(seed)
