@@ -1,0 +1,81 @@
+#!/usr/bin/env python
+"""Standalone generation from an inference YAML, no Dagster.
+
+    python inference.py --config configs/inference.wan-tiny.yaml \
+        --prompt "a red kite over the sea" --seed 7 --output out.mp4
+
+Obeys the inference YAML exactly (checkpoint, dtype, sampler, defaults, tiling,
+offload). It is also the baseline the benchmarks compare the service against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from shotloom.capabilities import CapabilityError
+from shotloom.request import MemorySlot
+
+
+def parse_memory(value: str) -> MemorySlot:
+    image, _, audio = value.partition(",")
+    return MemorySlot(Path(image), Path(audio) if audio else None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="inference YAML (default: $SHOTLOOM_INFERENCE_CONFIG or the tiny Wan)")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--negative-prompt")
+    p.add_argument("--first-frame", type=Path)
+    p.add_argument("--last-frame", type=Path)
+    p.add_argument("--memory", type=parse_memory, action="append", default=[], metavar="IMG[,AUDIO]")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--width", type=int)
+    p.add_argument("--height", type=int)
+    p.add_argument("--num-frames", type=int)
+    p.add_argument("--fps", type=int)
+    p.add_argument("--guidance-scale", type=float)
+    p.add_argument("--output", type=Path, required=True)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from shotloom.runtime import get_runtime
+
+    runtime = get_runtime(args.config)
+    req = runtime.resolve(
+        args.prompt,
+        width=args.width,
+        height=args.height,
+        num_frames=args.num_frames,
+        fps=args.fps,
+        seed=args.seed,
+        guidance_scale=args.guidance_scale,
+        negative_prompt=args.negative_prompt,
+        first_frame=args.first_frame,
+        last_frame=args.last_frame,
+        memory=args.memory,
+    )
+    try:
+        result = runtime.generate(req, args.output)
+    except (CapabilityError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    summary = {
+        "output": str(result.output),
+        "seed": req.seed,
+        "checkpoint": runtime.checkpoint_id,
+        "cache_hit": result.cache_hit,
+        "timings": result.timings,
+        **result.media,
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Typed Dagster ops: conditioning, denoise, decode, write, merge."""

@@ -1,0 +1,31 @@
+"""Asset keys and partitions of produced media (the specs live in orchestration/assets.py).
+
+Ops record materializations against these keys; lineage comes from the external
+AssetSpecs, because a runtime-only key would get no edges.
+"""
+
+from __future__ import annotations
+
+from dagster import AssetKey, DagsterInstance, DynamicPartitionsDefinition, MultiPartitionKey
+from dagster import MultiPartitionsDefinition
+
+SHOT_KEY = AssetKey("shot")
+FILM_KEY = AssetKey("film")
+
+works_partitions = DynamicPartitionsDefinition(name="works")
+shots_partitions = DynamicPartitionsDefinition(name="shots")
+shot_partitions = MultiPartitionsDefinition({"work": works_partitions, "shot": shots_partitions})
+
+
+def register_shot_partition(instance: DagsterInstance, work_id: str, shot_id: str) -> MultiPartitionKey:
+    """Register the dynamic keys first: a materialization of an unknown key is silently orphaned."""
+    for definition, key in ((works_partitions, work_id), (shots_partitions, shot_id)):
+        if not instance.has_dynamic_partition(definition.name, key):
+            instance.add_dynamic_partitions(definition.name, [key])
+    return MultiPartitionKey({"work": work_id, "shot": shot_id})
+
+
+def register_work_partition(instance: DagsterInstance, work_id: str) -> str:
+    if not instance.has_dynamic_partition(works_partitions.name, work_id):
+        instance.add_dynamic_partitions(works_partitions.name, [work_id])
+    return work_id

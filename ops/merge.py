@@ -1,0 +1,52 @@
+"""The merge op: ordered concatenation of shot MP4s into one film."""
+
+from pathlib import Path
+
+from dagster import AssetMaterialization, Config, OpExecutionContext, Out, Output, op
+from pydantic import Field
+
+from ops.assets import FILM_KEY, register_work_partition
+from ops.types import FilmArtifact
+from resources.media_store import MediaStoreResource
+
+
+class MergeConfig(Config):
+    work_id: str = Field(description="Work the film belongs to (partition of the film asset).")
+    inputs: list[str] = Field(
+        min_length=1, description="MP4s in order: paths relative to the media root, or absolute."
+    )
+    shot_ids: list[str] = Field(default_factory=list, description="Shot ids of the inputs, for metadata.")
+
+
+@op(out=Out(FilmArtifact), tags={"stage": "merging"})
+def merge_op(context: OpExecutionContext, config: MergeConfig, media: MediaStoreResource):
+    """Stream-copy video when encoder settings match (else re-encode); audio re-encoded once, in sync."""
+    from shotloom.media import merge_mp4
+
+    inputs = [Path(p) if Path(p).is_absolute() else media.resolve(p) for p in config.inputs]
+    output = media.film_path(config.work_id, context.run_id)
+    result = merge_mp4(inputs, output)
+    info = result.info
+    artifact = FilmArtifact(
+        work_id=config.work_id,
+        path=media.relative(output),
+        bytes=info.bytes,
+        sha256=info.sha256,
+        frames=info.frames,
+        fps=float(info.fps),
+        width=info.width,
+        height=info.height,
+        duration_s=round(float(info.duration_s), 4),
+        video_mode=result.video_mode,
+        shots=list(config.shot_ids),
+    )
+    yield AssetMaterialization(
+        asset_key=FILM_KEY,
+        partition=register_work_partition(context.instance, config.work_id),
+        metadata={
+            **{k: v for k, v in artifact.__dict__.items() if k != "shots"},
+            "size": f"{artifact.width}x{artifact.height}",
+            "shots": ", ".join(config.shot_ids) or ", ".join(config.inputs),
+        },
+    )
+    yield Output(artifact)

@@ -1,0 +1,160 @@
+"""The r2v op graph; reads like a pipeline: condition -> denoise -> decode -> write.
+
+Each op takes the previous stage's bundle (persisted as safetensors), so a retry
+re-executes only unfinished steps. The model runtime is a process-level handle:
+on a device worker every run reuses the same loaded weights.
+"""
+
+import time
+from pathlib import Path
+
+from dagster import AssetMaterialization, Config, In, OpExecutionContext, Out, Output, op
+from pydantic import Field
+
+from ops.assets import SHOT_KEY, register_shot_partition
+from ops.types import ConditioningBundle, DecodedBundle, LatentsBundle, ShotArtifact
+from resources.media_store import MediaStoreResource
+from resources.model_runtime import ModelRuntimeResource
+from shotloom.request import GenerationRequest, MemorySlot
+
+
+class MemorySlotConfig(Config):
+    image: str = Field(description="Image file (absolute, or relative to the media root).")
+    audio: str | None = Field(default=None, description="Optional audio file beside the image.")
+
+
+class ShotConfig(Config):
+    """One shot. Unset fields take the inference YAML's defaults."""
+
+    work_id: str = Field(description="Work (film / sequence) the shot belongs to.")
+    shot_id: str = Field(description="Shot identifier within the work.")
+    prompt: str
+    negative_prompt: str | None = None
+    seed: int | None = None
+    width: int | None = None
+    height: int | None = None
+    num_frames: int | None = None
+    fps: int | None = None
+    guidance_scale: float | None = None
+    first_frame: str | None = None
+    last_frame: str | None = None
+    memory: list[MemorySlotConfig] = Field(default_factory=list)
+
+
+def _request(bundle) -> GenerationRequest:
+    return GenerationRequest.from_json(bundle.meta["request"])
+
+
+def _progress(context: OpExecutionContext, what: str):
+    def report(done: int, total: int) -> None:
+        context.log.info(f"{what} {done}/{total}")
+
+    return report
+
+
+def _timed(meta: dict, stage: str, start: float) -> dict:
+    return {**meta.get("timings", {}), stage: round(time.perf_counter() - start, 4)}
+
+
+@op(out=Out(ConditioningBundle), tags={"stage": "conditioning"})
+def condition_op(
+    context: OpExecutionContext,
+    config: ShotConfig,
+    runtime: ModelRuntimeResource,
+    media: MediaStoreResource,
+):
+    """Check the request against the family's capabilities, then cache lookup or encode."""
+    start = time.perf_counter()
+    rt = runtime.get()
+
+    def path(value: str | None) -> Path | None:
+        if value is None:
+            return None
+        p = Path(value)
+        return p if p.is_absolute() else media.resolve(value)
+
+    req = rt.resolve(
+        config.prompt,
+        width=config.width,
+        height=config.height,
+        num_frames=config.num_frames,
+        fps=config.fps,
+        seed=config.seed,
+        guidance_scale=config.guidance_scale,
+        negative_prompt=config.negative_prompt,
+        first_frame=path(config.first_frame),
+        last_frame=path(config.last_frame),
+        memory=[MemorySlot(path(m.image), path(m.audio)) for m in config.memory],
+    )
+    rt.check(req)
+    bundle, hit = rt.condition(req)
+    bundle.meta.update(
+        kind="conditioning",
+        request=req.to_json(),
+        work_id=config.work_id,
+        shot_id=config.shot_id,
+        cache_hit=hit,
+    )
+    bundle.meta["timings"] = _timed({}, "condition", start)
+    context.log.info(f"conditioning cache {'hit' if hit else 'miss'} ({bundle.meta['cache_key'][:12]})")
+    return bundle
+
+
+@op(ins={"cond": In(ConditioningBundle)}, out=Out(LatentsBundle), tags={"stage": "inferring"})
+def denoise_op(context: OpExecutionContext, cond, runtime: ModelRuntimeResource):
+    start = time.perf_counter()
+    latents = runtime.get().denoise(cond, _request(cond), _progress(context, "denoise step"))
+    latents.meta.update({k: v for k, v in cond.meta.items() if k not in ("kind", "timings")})
+    latents.meta.update(kind="latents", timings=_timed(cond.meta, "denoise", start))
+    return latents
+
+
+@op(ins={"latents": In(LatentsBundle)}, out=Out(DecodedBundle), tags={"stage": "decoding"})
+def decode_op(context: OpExecutionContext, latents, runtime: ModelRuntimeResource):
+    from shotloom.runtime import decoded_to_bundle
+
+    start = time.perf_counter()
+    req = _request(latents)
+    decoded = runtime.get().decode(latents, req, _progress(context, "decoded piece"))
+    bundle = decoded_to_bundle(decoded, req)
+    bundle.meta.update({k: v for k, v in latents.meta.items() if k not in ("kind", "timings", "request")})
+    bundle.meta["timings"] = _timed(latents.meta, "decode", start)
+    return bundle
+
+
+@op(ins={"decoded": In(DecodedBundle)}, out=Out(ShotArtifact), tags={"stage": "writing"})
+def write_op(
+    context: OpExecutionContext, decoded, runtime: ModelRuntimeResource, media: MediaStoreResource
+):
+    """Write the MP4 and record it as a materialization of the shot asset."""
+    from shotloom.runtime import bundle_to_decoded, media_summary
+
+    start = time.perf_counter()
+    rt = runtime.get()
+    req = _request(decoded)
+    work_id, shot_id = decoded.meta["work_id"], decoded.meta["shot_id"]
+    output = media.shot_path(work_id, shot_id, context.run_id)
+    summary = media_summary(rt.write(bundle_to_decoded(decoded), req, output))
+    timings = _timed(decoded.meta, "write", start)
+    artifact = ShotArtifact(
+        work_id=work_id,
+        shot_id=shot_id,
+        path=media.relative(output),
+        seed=req.seed,
+        checkpoint=rt.checkpoint_id,
+        timings=timings,
+        **{k: summary[k] for k in ("bytes", "sha256", "frames", "fps", "width", "height", "duration_s", "has_audio")},
+    )
+    partition = register_shot_partition(context.instance, work_id, shot_id)
+    yield AssetMaterialization(
+        asset_key=SHOT_KEY,
+        partition=partition,
+        description=req.prompt[:200],
+        metadata={
+            **{k: v for k, v in artifact.__dict__.items() if k != "timings"},
+            "size": f"{artifact.width}x{artifact.height}",
+            "cache_hit": bool(decoded.meta.get("cache_hit")),
+            "stage_timings": timings,
+        },
+    )
+    yield Output(artifact)

@@ -1,0 +1,1 @@
+"""Dagster definitions: jobs, assets, resources (and later the launcher and device worker)."""

@@ -1,0 +1,18 @@
+"""Jobs. ``r2v`` runs in one process (in_process_executor) so the model loads once."""
+
+from __future__ import annotations
+
+from dagster import in_process_executor, job
+
+from ops.merge import merge_op
+from ops.shot import condition_op, decode_op, denoise_op, write_op
+
+
+@job(executor_def=in_process_executor, description="Generate one shot: condition, denoise, decode, write.")
+def r2v():
+    write_op(decode_op(denoise_op(condition_op())))
+
+
+@job(executor_def=in_process_executor, description="Concatenate shots into one film, in order.")
+def merge():
+    merge_op()

@@ -1,0 +1,625 @@
+"""MP4 writing, probing, decoding and merging with PyAV (its wheels bundle FFmpeg: libx264 + AAC).
+
+Audio needs care. FFmpeg's AAC encoder prepends 1024 priming samples and pads the last frame to
+1024 samples. MP4 hides the priming with an edit list (the decoder drops that first frame) and the
+last packet's duration marks the real end, but a decoder still returns the padded tail. So audio
+length is measured from packet timestamps and decoded audio is trimmed to it, and AAC is never
+stream-copied across files (the priming packets would land mid-film): merges decode the audio and
+encode it once, each segment padded or trimmed to its video length so shots stay in sync.
+
+Every output is written to a hidden temp file in the target directory and renamed into place, so a
+reader never sees a partial MP4.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import wave
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Literal
+from uuid import uuid4
+
+import av
+import numpy as np
+from PIL import Image
+
+VIDEO_CODEC = "libx264"
+PIX_FMT = "yuv420p"
+AAC_FRAME = 1024  # samples per AAC frame
+AAC_RATES = frozenset(av.Codec("aac", "w").audio_rates or ())
+# faststart puts the index first so a browser (the Dagster UI, an API client) can play while loading.
+_MUX_OPTIONS = {"movflags": "+faststart"}
+
+__all__ = [
+    "MediaInfo",
+    "MergeResult",
+    "extract_audio_wav",
+    "extract_frame",
+    "iter_frames",
+    "merge_mp4",
+    "probe",
+    "read_audio",
+    "read_frames",
+    "write_mp4",
+    "write_mp4_stream",
+]
+
+
+@dataclass(frozen=True)
+class MediaInfo:
+    path: Path
+    frames: int  # exact: counted from the demuxed video packets
+    fps: Fraction
+    width: int
+    height: int
+    video_codec: str
+    pix_fmt: str | None
+    duration_s: float  # video
+    has_audio: bool
+    audio_codec: str | None
+    audio_sample_rate: int | None
+    audio_channels: int | None
+    audio_duration_s: float | None  # priming and end padding excluded
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    video_mode: Literal["copy", "reencode"]
+    frames: int
+    duration_s: float
+    info: MediaInfo
+
+
+# -- small helpers ------------------------------------------------------------------------------
+
+
+def _as_fps(fps: int | Fraction) -> Fraction:
+    q = Fraction(fps)
+    if q <= 0:
+        raise ValueError(f"fps must be positive, got {fps}")
+    return q
+
+
+def _check_even(width: int, height: int) -> None:
+    # yuv420p subsamples chroma 2x2; we refuse rather than silently resize the user's frames.
+    if width <= 0 or height <= 0 or width % 2 or height % 2:
+        raise ValueError(f"H.264/yuv420p needs positive even width and height, got {width}x{height}")
+
+
+def _samples_at(n_frames: int, fps: Fraction, rate: int) -> int:
+    """Audio samples covering the first ``n_frames`` video frames (rounded half up, cumulative: no drift)."""
+    return math.floor(Fraction(n_frames * rate) / fps + Fraction(1, 2))
+
+
+def _layout(channels: int) -> str:
+    if channels not in (1, 2):
+        raise ValueError(f"audio must have 1 or 2 channels, got {channels}")
+    return "mono" if channels == 1 else "stereo"
+
+
+def _fit(audio: np.ndarray, n: int) -> np.ndarray:
+    """Pad with silence or trim to exactly ``n`` samples."""
+    if audio.shape[1] >= n:
+        return audio[:, :n]
+    return np.pad(audio, ((0, 0), (0, n - audio.shape[1])))
+
+
+def _open_input(path: Path) -> Any:
+    try:
+        return av.open(str(path))
+    except (av.FFmpegError, OSError) as e:
+        raise ValueError(f"cannot read media file {path}: {e}") from e
+
+
+@contextmanager
+def _atomic_output(path: Path) -> Iterator[Path]:
+    """Yield a temp path beside ``path``; rename it onto ``path`` only if the body succeeds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid4().hex}.part")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _open_mp4_output(tmp: Path) -> Any:
+    # The temp name has no .mp4 suffix, so name the muxer explicitly.
+    return av.open(str(tmp), "w", format="mp4", options=_MUX_OPTIONS)
+
+
+# -- audio --------------------------------------------------------------------------------------
+
+
+def _resample(audio: np.ndarray, rate_in: int, rate_out: int, channels_out: int) -> np.ndarray:
+    """Convert (channels, samples) float32 to another rate and/or channel count with swresample."""
+    channels_in = audio.shape[0]
+    if rate_in == rate_out and channels_in == channels_out:
+        return audio
+    resampler = av.AudioResampler(format="fltp", layout=_layout(channels_out), rate=rate_out)
+    out: list[np.ndarray] = []
+    step = 1 << 16  # bounded frames keep swresample's buffers small
+    for start in range(0, audio.shape[1], step):
+        frame = av.AudioFrame.from_ndarray(
+            np.ascontiguousarray(audio[:, start : start + step]), format="fltp", layout=_layout(channels_in)
+        )
+        frame.sample_rate = rate_in
+        out.extend(f.to_ndarray() for f in resampler.resample(frame))
+    out.extend(f.to_ndarray() for f in resampler.resample(None))
+    if not out:
+        return np.zeros((channels_out, 0), np.float32)
+    return np.concatenate(out, axis=1).astype(np.float32, copy=False)
+
+
+def _normalise_audio(audio: np.ndarray, sample_rate: int | None) -> np.ndarray:
+    arr = np.asarray(audio, dtype=np.float32)
+    if arr.ndim == 1:
+        arr = arr[None]
+    if arr.ndim != 2 or arr.shape[0] not in (1, 2):
+        raise ValueError(f"audio must be (channels, samples) with 1 or 2 channels, got shape {arr.shape}")
+    if not sample_rate or sample_rate <= 0:
+        raise ValueError("sample_rate is required (and positive) when audio is given")
+    return arr
+
+
+def _aac_rate(rate: int, fallback: int) -> int:
+    """Keep ``rate`` if AAC can encode it, else use ``fallback`` (which must be an AAC rate)."""
+    if rate in AAC_RATES:
+        return rate
+    if fallback not in AAC_RATES:
+        raise ValueError(f"AAC cannot encode {fallback} Hz; use one of {sorted(AAC_RATES)}")
+    return fallback
+
+
+class _AacSink:
+    """Encodes (channels, n) float32 blocks into one AAC stream with continuous timestamps."""
+
+    def __init__(self, container: Any, rate: int, channels: int):
+        self.container = container
+        self.rate = rate
+        self.layout = _layout(channels)
+        self.stream = container.add_stream("aac", rate=rate)
+        self.stream.layout = self.layout
+        self.stream.bit_rate = 64000 * channels
+        self._pending = np.zeros((channels, 0), np.float32)
+        self.written = 0  # samples pushed so far
+
+    def push(self, block: np.ndarray) -> None:
+        self.written += block.shape[1]
+        pending = np.concatenate([self._pending, block.astype(np.float32, copy=False)], axis=1)
+        full = pending.shape[1] - pending.shape[1] % AAC_FRAME
+        for start in range(0, full, AAC_FRAME):
+            self._encode(pending[:, start : start + AAC_FRAME])
+        self._pending = pending[:, full:]
+
+    def close(self) -> None:
+        if self._pending.shape[1]:
+            self._encode(self._pending)  # a short last frame: the encoder marks its real length
+        for packet in self.stream.encode(None):
+            self.container.mux(packet)
+
+    def _encode(self, chunk: np.ndarray) -> None:
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(chunk), format="fltp", layout=self.layout)
+        frame.sample_rate = self.rate
+        frame.time_base = Fraction(1, self.rate)
+        frame.pts = self._encoded
+        self._encoded += chunk.shape[1]
+        for packet in self.stream.encode(frame):
+            self.container.mux(packet)
+
+    _encoded = 0
+
+
+# -- video --------------------------------------------------------------------------------------
+
+
+def _add_h264(container: Any, width: int, height: int, fps: Fraction, crf: int, preset: str) -> Any:
+    _check_even(width, height)
+    stream = container.add_stream(VIDEO_CODEC, rate=fps)
+    stream.width, stream.height, stream.pix_fmt = width, height, PIX_FMT
+    # Time base 1/fps with pts = frame index: frame count and rate are exact, no rounding drift.
+    stream.time_base = 1 / fps
+    stream.codec_context.time_base = 1 / fps
+    stream.options = {"crf": str(crf), "preset": preset}
+    return stream
+
+
+def _encode_video(container: Any, stream: Any, frame: av.VideoFrame | None) -> None:
+    for packet in stream.encode(frame):
+        container.mux(packet)
+
+
+def _iter_single_frames(frames: Iterable[np.ndarray], height: int, width: int) -> Iterator[np.ndarray]:
+    """Accept single (H,W,3) frames or (n,H,W,3) chunks (e.g. a decoder's tiles) and yield frames."""
+    for item in frames:
+        arr = np.asarray(item)
+        batch = arr[None] if arr.ndim == 3 else arr
+        if batch.ndim != 4 or batch.shape[1:] != (height, width, 3):
+            raise ValueError(f"expected frames of shape ({height}, {width}, 3), got {arr.shape}")
+        if batch.dtype != np.uint8:
+            raise ValueError(f"frames must be uint8, got {batch.dtype}")
+        yield from batch
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+
+def write_mp4_stream(
+    path: str | Path,
+    frames: Iterable[np.ndarray],
+    width: int,
+    height: int,
+    fps: int | Fraction,
+    audio: np.ndarray | None = None,
+    sample_rate: int | None = None,
+    *,
+    silent_track: bool = True,
+    silent_sample_rate: int = 24000,
+    silent_channels: int = 2,
+    crf: int = 18,
+    preset: str = "medium",
+) -> MediaInfo:
+    """Encode frames from an iterator (H.264) plus one AAC track of exactly the video's duration.
+
+    ``audio`` (channels, samples) float32 is resampled if AAC cannot take ``sample_rate`` and
+    padded/trimmed to the video length; ``audio=None`` gives a silent track unless ``silent_track``
+    is False (then the file has no audio stream).
+    """
+    path, fps_q = Path(path), _as_fps(fps)
+    _check_even(width, height)
+    track: np.ndarray | None = None
+    rate, channels = silent_sample_rate, silent_channels
+    if audio is not None:
+        track = _normalise_audio(audio, sample_rate)
+        assert sample_rate is not None
+        rate, channels = _aac_rate(sample_rate, silent_sample_rate), track.shape[0]
+        track = _resample(track, sample_rate, rate, channels)
+    elif silent_track:
+        rate = _aac_rate(rate, rate)
+    with _atomic_output(path) as tmp, _open_mp4_output(tmp) as out:
+        video = _add_h264(out, width, height, fps_q, crf, preset)
+        sink = _AacSink(out, rate, channels) if (track is not None or silent_track) else None
+        n = 0
+        for arr in _iter_single_frames(frames, height, width):
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")
+            frame.pts = n
+            _encode_video(out, video, frame)
+            n += 1
+            if sink is not None:  # interleave: audio up to the end of this frame
+                sink.push(_audio_span(track, channels, sink.written, _samples_at(n, fps_q, rate)))
+        if n == 0:
+            raise ValueError("no frames to write")
+        _encode_video(out, video, None)
+        if sink is not None:
+            sink.close()
+    return probe(path)
+
+
+def _audio_span(track: np.ndarray | None, channels: int, start: int, end: int) -> np.ndarray:
+    """Samples [start, end) of ``track``, silence where the track is missing or too short."""
+    if track is None:
+        return np.zeros((channels, end - start), np.float32)
+    return _fit(track[:, start:end], end - start)
+
+
+def write_mp4(
+    path: str | Path,
+    frames: np.ndarray,
+    fps: int | Fraction,
+    audio: np.ndarray | None,
+    sample_rate: int | None,
+    *,
+    silent_track: bool = True,
+    silent_sample_rate: int = 24000,
+    silent_channels: int = 2,
+    crf: int = 18,
+    preset: str = "medium",
+) -> MediaInfo:
+    """Write (F, H, W, 3) uint8 frames; see :func:`write_mp4_stream` (this wrapper iterates views)."""
+    if frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"frames must be (F, H, W, 3), got shape {frames.shape}")
+    _, height, width, _ = frames.shape
+    return write_mp4_stream(
+        path,
+        iter(frames),
+        width,
+        height,
+        fps,
+        audio,
+        sample_rate,
+        silent_track=silent_track,
+        silent_sample_rate=silent_sample_rate,
+        silent_channels=silent_channels,
+        crf=crf,
+        preset=preset,
+    )
+
+
+# -- probing and reading ------------------------------------------------------------------------
+
+
+def _audio_end(packets_end: int | None, stream: Any) -> Fraction | None:
+    return None if packets_end is None else Fraction(packets_end) * stream.time_base
+
+
+def _scan(container: Any) -> tuple[int, Fraction | None]:
+    """One demux pass (no decoding): exact video packet count, and the audio end time in seconds.
+
+    The audio end is the last packet's pts + duration; the priming packet has negative pts, so
+    measuring from 0 excludes it, and the last packet's short duration excludes the end padding.
+    """
+    video = container.streams.video[0]
+    audio = container.streams.audio[0] if container.streams.audio else None
+    streams = [video] + ([audio] if audio is not None else [])
+    frames, audio_end = 0, None
+    for packet in container.demux(*streams):
+        if packet.size == 0 or packet.pts is None:  # flush packets
+            continue
+        if packet.stream.index == video.index:
+            frames += 1
+        else:
+            end = packet.pts + (packet.duration or 0)
+            audio_end = end if audio_end is None else max(audio_end, end)
+    return frames, (_audio_end(audio_end, audio) if audio is not None else None)
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def probe(path: str | Path) -> MediaInfo:
+    """Facts about an MP4 (or any file FFmpeg reads with a video stream); ValueError if unreadable."""
+    path = Path(path)
+    with _open_input(path) as c:
+        if not c.streams.video:
+            raise ValueError(f"{path} has no video stream")
+        v = c.streams.video[0]
+        a = c.streams.audio[0] if c.streams.audio else None
+        try:
+            frames, audio_end = _scan(c)
+        except av.FFmpegError as e:
+            raise ValueError(f"cannot read media file {path}: {e}") from e
+        fps = Fraction(v.average_rate or v.guessed_rate or 0)
+        if v.duration:
+            duration = float(v.duration * v.time_base)
+        else:
+            duration = float(frames / fps) if fps else 0.0
+        return MediaInfo(
+            path=path,
+            frames=frames,
+            fps=fps,
+            width=v.codec_context.width,
+            height=v.codec_context.height,
+            video_codec=v.codec_context.name,
+            pix_fmt=v.codec_context.pix_fmt,
+            duration_s=duration,
+            has_audio=a is not None,
+            audio_codec=a.codec_context.name if a is not None else None,
+            audio_sample_rate=a.codec_context.sample_rate if a is not None else None,
+            audio_channels=a.codec_context.channels if a is not None else None,
+            audio_duration_s=float(max(audio_end, 0)) if audio_end is not None else None,
+            bytes=path.stat().st_size,
+            sha256=_file_digest(path),
+        )
+
+
+def iter_frames(path: str | Path) -> Iterator[np.ndarray]:
+    """Decode video frames one at a time as (H, W, 3) uint8 RGB."""
+    path = Path(path)
+    with _open_input(path) as c:
+        if not c.streams.video:
+            raise ValueError(f"{path} has no video stream")
+        for frame in c.decode(c.streams.video[0]):
+            yield frame.to_ndarray(format="rgb24")
+
+
+def read_frames(path: str | Path) -> np.ndarray:
+    """All frames as (F, H, W, 3) uint8."""
+    frames = list(iter_frames(path))
+    if not frames:
+        raise ValueError(f"{path} has no decodable video frames")
+    return np.stack(frames)
+
+
+def extract_frame(path: str | Path, index: int | None = None) -> Image.Image:
+    """One frame as a PIL image; default the middle frame (a representative still of a shot)."""
+    path = Path(path)
+    with _open_input(path) as c:
+        if not c.streams.video:
+            raise ValueError(f"{path} has no video stream")
+        n = _scan(c)[0]
+    index = n // 2 if index is None else index
+    if not 0 <= index < n:
+        raise ValueError(f"frame index {index} out of range for {path} ({n} frames)")
+    for i, frame in enumerate(iter_frames(path)):
+        if i == index:
+            return Image.fromarray(frame)
+    raise ValueError(f"{path}: decoded fewer than {index + 1} frames")
+
+
+def _frame_to_float(frame: av.AudioFrame) -> np.ndarray:
+    """(channels, samples) float32 from any decoded sample format."""
+    arr = frame.to_ndarray()
+    if not frame.format.is_planar:
+        arr = arr.reshape(-1, len(frame.layout.channels)).T
+    if arr.dtype == np.uint8:
+        return ((arr.astype(np.float32) - 128.0) / 128.0).astype(np.float32)
+    if np.issubdtype(arr.dtype, np.integer):
+        return (arr / float(np.iinfo(arr.dtype).max + 1)).astype(np.float32)
+    return arr.astype(np.float32, copy=False)
+
+
+def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
+    """Decode the first audio stream to ((channels, samples) float32, sample_rate).
+
+    Trimmed to the packet-timestamp span [0, end): no priming, no end padding.
+    """
+    path = Path(path)
+    with _open_input(path) as c:
+        if not c.streams.audio:
+            raise ValueError(f"{path} has no audio stream")
+        stream = c.streams.audio[0]
+        rate = stream.codec_context.sample_rate
+        end_s = _scan(c)[1] or Fraction(0)
+    end = round(end_s * rate)
+    parts: list[np.ndarray] = []
+    with _open_input(path) as c:
+        stream = c.streams.audio[0]
+        for frame in c.decode(stream):
+            data = _frame_to_float(frame)
+            first = round(Fraction(frame.pts) * stream.time_base * rate) if frame.pts is not None else 0
+            lo, hi = max(0, -first), min(data.shape[1], end - first)
+            if hi > lo:
+                parts.append(data[:, lo:hi])
+    channels = stream.codec_context.channels
+    audio = np.concatenate(parts, axis=1) if parts else np.zeros((channels, 0), np.float32)
+    return audio, rate
+
+
+def extract_audio_wav(path: str | Path, out_wav: str | Path) -> Path:
+    """Write the audio track as 16-bit PCM WAV (e.g. to condition a later shot on it)."""
+    audio, rate = read_audio(path)
+    pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2")
+    out_wav = Path(out_wav)
+    with _atomic_output(out_wav) as tmp, wave.open(str(tmp), "wb") as w:
+        w.setnchannels(audio.shape[0])
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.T.tobytes())  # interleaved
+    return out_wav
+
+
+# -- merging ------------------------------------------------------------------------------------
+
+
+def _video_signature(path: Path) -> tuple[object, ...]:
+    """Everything that must match for packets from several files to form one valid H.264 stream."""
+    with _open_input(path) as c:
+        v = c.streams.video[0]
+        cc = v.codec_context
+        return (cc.name, cc.width, cc.height, cc.pix_fmt, v.average_rate, v.time_base, bytes(cc.extradata or b""))
+
+
+def _segment_frames(infos: list[MediaInfo], fps_out: Fraction, copy: bool) -> list[int]:
+    """Output frames per input. Re-encoding to another rate keeps each input's duration (cumulative
+    rounding, so the film does not drift)."""
+    if copy:
+        return [i.frames for i in infos]
+    bounds, t = [0], Fraction(0)
+    for info in infos:
+        t += Fraction(info.frames) / info.fps
+        bounds.append(math.floor(t * fps_out + Fraction(1, 2)))
+    return [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def _segment_audio(info: MediaInfo, rate: int, channels: int, n: int) -> np.ndarray:
+    if not info.has_audio:
+        return np.zeros((channels, n), np.float32)
+    audio, src_rate = read_audio(info.path)
+    return _fit(_resample(audio, src_rate, rate, channels), n)
+
+
+def _copy_video(out: Any, stream: Any, path: Path, offset_s: Fraction) -> None:
+    """Remux one input's H.264 packets, shifted so the input starts at ``offset_s``."""
+    with _open_input(path) as c:
+        v = c.streams.video[0]
+        shift = round(offset_s / v.time_base) - (v.start_time or 0)
+        for packet in c.demux(v):
+            if packet.size == 0 or packet.pts is None:
+                continue
+            packet.pts += shift
+            packet.dts = packet.dts + shift if packet.dts is not None else None
+            packet.stream = stream
+            out.mux(packet)
+
+
+def _reencode_video(out: Any, stream: Any, info: MediaInfo, n_out: int, fps_out: Fraction, first: int) -> int:
+    """Decode one input and encode ``n_out`` frames at ``fps_out`` and the output size.
+
+    Output frame j shows the input frame on screen at j / fps_out (nearest earlier frame).
+    Returns the next output frame index.
+    """
+    width, height = stream.width, stream.height
+    j, last = 0, None
+    with _open_input(info.path) as c:
+        for k, frame in enumerate(c.decode(c.streams.video[0])):
+            last = frame.reformat(width=width, height=height, format=PIX_FMT)
+            while j < n_out and math.floor(Fraction(j) * info.fps / fps_out) <= k:
+                _encode_at(out, stream, last, first + j)
+                j += 1
+    if last is None and n_out:
+        raise ValueError(f"{info.path} has no decodable video frames")
+    while j < n_out:  # the input decoded fewer frames than it declared: hold the last one
+        _encode_at(out, stream, last, first + j)
+        j += 1
+    return first + n_out
+
+
+def _encode_at(out: Any, stream: Any, frame: av.VideoFrame | None, pts: int) -> None:
+    assert frame is not None
+    frame.pts = pts
+    frame.time_base = stream.codec_context.time_base
+    _encode_video(out, stream, frame)
+
+
+def merge_mp4(
+    inputs: list[Path],
+    output: Path,
+    *,
+    silent_sample_rate: int = 24000,
+    channels: int = 2,
+    crf: int = 18,
+    preset: str = "medium",
+) -> MergeResult:
+    """Concatenate MP4s in order into one MP4 with one AAC track that stays in sync.
+
+    Video is stream-copied when every input has the same encoder settings (codec, size, pix_fmt,
+    rate, time base, extradata), otherwise re-encoded with libx264 to the first input's size and
+    rate. Audio is always decoded and encoded once: inputs without audio contribute silence, and
+    each segment is padded/trimmed to its video length. Audio rate: the first input's that has
+    audio (if AAC can encode it), else ``silent_sample_rate``.
+    """
+    if not inputs:
+        raise ValueError("merge_mp4 needs at least one input")
+    paths, output = [Path(p) for p in inputs], Path(output)
+    infos = [probe(p) for p in paths]  # raises ValueError naming an unreadable file
+    copy = len({_video_signature(p) for p in paths}) == 1
+    fps_out = infos[0].fps
+    rate = next((i.audio_sample_rate for i in infos if i.audio_sample_rate), silent_sample_rate)
+    rate = _aac_rate(rate, silent_sample_rate)
+    seg_frames = _segment_frames(infos, fps_out, copy)
+    with _atomic_output(output) as tmp, _open_mp4_output(tmp) as out:
+        if copy:
+            with _open_input(paths[0]) as c:
+                video = out.add_stream_from_template(c.streams.video[0])
+        else:
+            video = _add_h264(out, infos[0].width, infos[0].height, fps_out, crf, preset)
+        sink = _AacSink(out, rate, channels)
+        done = 0
+        for info, n in zip(infos, seg_frames, strict=True):
+            quota = _samples_at(done + n, fps_out, rate) - _samples_at(done, fps_out, rate)
+            sink.push(_segment_audio(info, rate, channels, quota))
+            if copy:
+                _copy_video(out, video, info.path, Fraction(done) / fps_out)
+                done += n
+            else:
+                done = _reencode_video(out, video, info, n, fps_out, done)
+        if not copy:
+            _encode_video(out, video, None)
+        sink.close()
+    info = probe(output)
+    return MergeResult(
+        video_mode="copy" if copy else "reencode", frames=info.frames, duration_s=info.duration_s, info=info
+    )
