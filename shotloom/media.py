@@ -159,7 +159,7 @@ def _resample(audio: np.ndarray, rate_in: int, rate_out: int, channels_out: int)
     return np.concatenate(out, axis=1).astype(np.float32, copy=False)
 
 
-def _normalise_audio(audio: np.ndarray, sample_rate: int | None) -> np.ndarray:
+def _normalise_audio(audio: np.ndarray, sample_rate: int | None) -> tuple[np.ndarray, int]:
     arr = np.asarray(audio, dtype=np.float32)
     if arr.ndim == 1:
         arr = arr[None]
@@ -167,7 +167,7 @@ def _normalise_audio(audio: np.ndarray, sample_rate: int | None) -> np.ndarray:
         raise ValueError(f"audio must be (channels, samples) with 1 or 2 channels, got shape {arr.shape}")
     if not sample_rate or sample_rate <= 0:
         raise ValueError("sample_rate is required (and positive) when audio is given")
-    return arr
+    return arr, sample_rate
 
 
 def _aac_rate(rate: int, fallback: int) -> int:
@@ -191,6 +191,7 @@ class _AacSink:
         self.stream.bit_rate = 64000 * channels
         self._pending = np.zeros((channels, 0), np.float32)
         self.written = 0  # samples pushed so far
+        self._encoded = 0  # samples handed to the encoder (the next frame's pts)
 
     def push(self, block: np.ndarray) -> None:
         self.written += block.shape[1]
@@ -214,8 +215,6 @@ class _AacSink:
         self._encoded += chunk.shape[1]
         for packet in self.stream.encode(frame):
             self.container.mux(packet)
-
-    _encoded = 0
 
 
 # -- video --------------------------------------------------------------------------------------
@@ -278,10 +277,9 @@ def write_mp4_stream(
     track: np.ndarray | None = None
     rate, channels = silent_sample_rate, silent_channels
     if audio is not None:
-        track = _normalise_audio(audio, sample_rate)
-        assert sample_rate is not None
-        rate, channels = _aac_rate(sample_rate, silent_sample_rate), track.shape[0]
-        track = _resample(track, sample_rate, rate, channels)
+        track, src_rate = _normalise_audio(audio, sample_rate)
+        rate, channels = _aac_rate(src_rate, silent_sample_rate), track.shape[0]
+        track = _resample(track, src_rate, rate, channels)
     elif silent_track:
         rate = _aac_rate(rate, rate)
     with _atomic_output(path) as tmp, _open_mp4_output(tmp) as out:
@@ -289,9 +287,7 @@ def write_mp4_stream(
         sink = _AacSink(out, rate, channels) if (track is not None or silent_track) else None
         n = 0
         for arr in _iter_single_frames(frames, height, width):
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")
-            frame.pts = n
-            _encode_video(out, video, frame)
+            _encode_at(out, video, av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24"), n)
             n += 1
             if sink is not None:  # interleave: audio up to the end of this frame
                 sink.push(_audio_span(track, channels, sink.written, _samples_at(n, fps_q, rate)))
@@ -324,6 +320,7 @@ def write_mp4(
     preset: str = "medium",
 ) -> MediaInfo:
     """Write (F, H, W, 3) uint8 frames; see :func:`write_mp4_stream` (this wrapper iterates views)."""
+    frames = np.asarray(frames)  # no copy for an ndarray
     if frames.ndim != 4 or frames.shape[-1] != 3:
         raise ValueError(f"frames must be (F, H, W, 3), got shape {frames.shape}")
     _, height, width, _ = frames.shape
@@ -346,29 +343,42 @@ def write_mp4(
 # -- probing and reading ------------------------------------------------------------------------
 
 
-def _audio_end(packets_end: int | None, stream: Any) -> Fraction | None:
-    return None if packets_end is None else Fraction(packets_end) * stream.time_base
+@dataclass
+class _Span:
+    """First pts and last pts + duration of one stream's packets, in its time base."""
+
+    start: int | None = None
+    end: int | None = None
+    packets: int = 0
+
+    def add(self, pts: int, duration: int) -> None:
+        self.packets += 1
+        self.start = pts if self.start is None else min(self.start, pts)
+        self.end = pts + duration if self.end is None else max(self.end, pts + duration)
 
 
-def _scan(container: Any) -> tuple[int, Fraction | None]:
-    """One demux pass (no decoding): exact video packet count, and the audio end time in seconds.
+def _scan(container: Any) -> tuple[_Span, _Span | None]:
+    """One demux pass (no decoding) over the first video and audio streams.
 
-    The audio end is the last packet's pts + duration; the priming packet has negative pts, so
-    measuring from 0 excludes it, and the last packet's short duration excludes the end padding.
+    Packet timestamps are exact where the MP4 header is not: stream durations come from the edit
+    list in the movie timescale (milliseconds), e.g. 17 frames at 16 fps read as 1.06201 s.
+    Audio is measured from 0: the AAC priming packet has negative pts, and the last packet's short
+    duration excludes the encoder's end padding.
     """
     video = container.streams.video[0]
     audio = container.streams.audio[0] if container.streams.audio else None
-    streams = [video] + ([audio] if audio is not None else [])
-    frames, audio_end = 0, None
-    for packet in container.demux(*streams):
-        if packet.size == 0 or packet.pts is None:  # flush packets
-            continue
-        if packet.stream.index == video.index:
-            frames += 1
-        else:
-            end = packet.pts + (packet.duration or 0)
-            audio_end = end if audio_end is None else max(audio_end, end)
-    return frames, (_audio_end(audio_end, audio) if audio is not None else None)
+    spans = {video.index: _Span()} | ({audio.index: _Span()} if audio is not None else {})
+    for packet in container.demux(*[video] + ([audio] if audio is not None else [])):
+        if packet.size and packet.pts is not None:  # size 0: flush packets
+            spans[packet.stream.index].add(packet.pts, packet.duration or 0)
+    return spans[video.index], (spans[audio.index] if audio is not None else None)
+
+
+def _seconds(span: _Span, time_base: Fraction, origin: int | None = None) -> Fraction:
+    if span.end is None or span.start is None:
+        return Fraction(0)
+    first = span.start if origin is None else origin
+    return max(Fraction(0), (span.end - first) * time_base)
 
 
 def _file_digest(path: Path) -> str:
@@ -388,28 +398,27 @@ def probe(path: str | Path) -> MediaInfo:
         v = c.streams.video[0]
         a = c.streams.audio[0] if c.streams.audio else None
         try:
-            frames, audio_end = _scan(c)
+            vspan, aspan = _scan(c)
         except av.FFmpegError as e:
             raise ValueError(f"cannot read media file {path}: {e}") from e
         fps = Fraction(v.average_rate or v.guessed_rate or 0)
-        if v.duration:
-            duration = float(v.duration * v.time_base)
-        else:
-            duration = float(frames / fps) if fps else 0.0
+        duration = _seconds(vspan, v.time_base)
+        if not duration and fps:  # containers without packet durations
+            duration = vspan.packets / fps
         return MediaInfo(
             path=path,
-            frames=frames,
+            frames=vspan.packets,
             fps=fps,
             width=v.codec_context.width,
             height=v.codec_context.height,
             video_codec=v.codec_context.name,
             pix_fmt=v.codec_context.pix_fmt,
-            duration_s=duration,
+            duration_s=float(duration),
             has_audio=a is not None,
             audio_codec=a.codec_context.name if a is not None else None,
             audio_sample_rate=a.codec_context.sample_rate if a is not None else None,
             audio_channels=a.codec_context.channels if a is not None else None,
-            audio_duration_s=float(max(audio_end, 0)) if audio_end is not None else None,
+            audio_duration_s=float(_seconds(aspan, a.time_base, origin=0)) if a and aspan else None,
             bytes=path.stat().st_size,
             sha256=_file_digest(path),
         )
@@ -439,7 +448,7 @@ def extract_frame(path: str | Path, index: int | None = None) -> Image.Image:
     with _open_input(path) as c:
         if not c.streams.video:
             raise ValueError(f"{path} has no video stream")
-        n = _scan(c)[0]
+        n = _scan(c)[0].packets
     index = n // 2 if index is None else index
     if not 0 <= index < n:
         raise ValueError(f"frame index {index} out of range for {path} ({n} frames)")
@@ -464,26 +473,32 @@ def _frame_to_float(frame: av.AudioFrame) -> np.ndarray:
 def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
     """Decode the first audio stream to ((channels, samples) float32, sample_rate).
 
-    Trimmed to the packet-timestamp span [0, end): no priming, no end padding.
+    Trimmed to the packet-timestamp span [0, end): the decoder already drops the priming frame but
+    returns the last frame's end padding (e.g. 25600 samples decoded for 25500 written).
     """
     path = Path(path)
     with _open_input(path) as c:
         if not c.streams.audio:
             raise ValueError(f"{path} has no audio stream")
         stream = c.streams.audio[0]
-        rate = stream.codec_context.sample_rate
-        end_s = _scan(c)[1] or Fraction(0)
-    end = round(end_s * rate)
+        rate, channels, time_base = (
+            stream.codec_context.sample_rate,
+            stream.codec_context.channels,
+            stream.time_base,
+        )
+        aspan = _scan(c)[1]
+    end = round(_seconds(aspan, time_base, origin=0) * rate) if aspan else 0
     parts: list[np.ndarray] = []
-    with _open_input(path) as c:
-        stream = c.streams.audio[0]
-        for frame in c.decode(stream):
+    with _open_input(path) as c:  # a fresh demuxer: cheaper and safer than seeking back
+        position = 0
+        for frame in c.decode(c.streams.audio[0]):
             data = _frame_to_float(frame)
-            first = round(Fraction(frame.pts) * stream.time_base * rate) if frame.pts is not None else 0
-            lo, hi = max(0, -first), min(data.shape[1], end - first)
+            if frame.pts is not None:
+                position = round(Fraction(frame.pts) * time_base * rate)
+            lo, hi = max(0, -position), min(data.shape[1], end - position)
             if hi > lo:
                 parts.append(data[:, lo:hi])
-    channels = stream.codec_context.channels
+            position += data.shape[1]
     audio = np.concatenate(parts, axis=1) if parts else np.zeros((channels, 0), np.float32)
     return audio, rate
 
@@ -509,7 +524,8 @@ def _video_signature(path: Path) -> tuple[object, ...]:
     with _open_input(path) as c:
         v = c.streams.video[0]
         cc = v.codec_context
-        return (cc.name, cc.width, cc.height, cc.pix_fmt, v.average_rate, v.time_base, bytes(cc.extradata or b""))
+        extradata = bytes(cc.extradata or b"")
+        return (cc.name, cc.width, cc.height, cc.pix_fmt, v.average_rate, v.time_base, extradata)
 
 
 def _segment_frames(infos: list[MediaInfo], fps_out: Fraction, copy: bool) -> list[int]:
@@ -559,16 +575,17 @@ def _reencode_video(out: Any, stream: Any, info: MediaInfo, n_out: int, fps_out:
             while j < n_out and math.floor(Fraction(j) * info.fps / fps_out) <= k:
                 _encode_at(out, stream, last, first + j)
                 j += 1
-    if last is None and n_out:
-        raise ValueError(f"{info.path} has no decodable video frames")
+    if last is None:
+        if n_out:
+            raise ValueError(f"{info.path} has no decodable video frames")
+        return first
     while j < n_out:  # the input decoded fewer frames than it declared: hold the last one
         _encode_at(out, stream, last, first + j)
         j += 1
     return first + n_out
 
 
-def _encode_at(out: Any, stream: Any, frame: av.VideoFrame | None, pts: int) -> None:
-    assert frame is not None
+def _encode_at(out: Any, stream: Any, frame: av.VideoFrame, pts: int) -> None:
     frame.pts = pts
     frame.time_base = stream.codec_context.time_base
     _encode_video(out, stream, frame)

@@ -1,0 +1,185 @@
+"""shotloom.media: exact frame counts and rates, A/V sync, stream-copy vs re-encode merges."""
+
+from __future__ import annotations
+
+import wave
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shotloom import media
+
+FPS = 16
+SR = 24000
+N_FRAMES = 17
+
+
+def gradient(frames: int = N_FRAMES, height: int = 64, width: int = 64, shift: int = 0) -> np.ndarray:
+    """A moving gradient: smooth enough for H.264 to keep close to the input."""
+    y, x = np.mgrid[0:height, 0:width]
+    out = np.empty((frames, height, width, 3), np.uint8)
+    for i in range(frames):
+        out[i, ..., 0] = (x * 2 + i * 6 + shift) % 256
+        out[i, ..., 1] = (y * 3) % 256
+        out[i, ..., 2] = 64 + i * 4
+    return out
+
+
+def sine(seconds: float, rate: int = SR, channels: int = 2, hz: float = 440.0) -> np.ndarray:
+    t = np.arange(round(seconds * rate)) / rate
+    tone = (0.5 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+    return np.repeat(tone[None], channels, axis=0)
+
+
+def assert_in_sync(info: media.MediaInfo) -> None:
+    assert info.has_audio and info.audio_duration_s is not None
+    assert abs(info.audio_duration_s - info.duration_s) <= 1 / float(info.fps)
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, Path]:
+    """Written once: tone clip, silent-track clip, clip without audio, and a differently encoded clip."""
+    d = tmp_path_factory.mktemp("media")
+    seconds = N_FRAMES / FPS
+    media.write_mp4(d / "tone.mp4", gradient(), FPS, sine(seconds), SR)
+    media.write_mp4(d / "silent.mp4", gradient(shift=90), FPS, None, None)
+    media.write_mp4(d / "mute.mp4", gradient(shift=30), FPS, None, None, silent_track=False)
+    # other fps, size, crf and a mono 44.1 kHz track: nothing matches, so merges must re-encode
+    other = gradient(frames=9, height=32, width=48)
+    media.write_mp4(d / "other.mp4", other, 8, sine(9 / 8, rate=44100, channels=1), 44100, crf=30)
+    return {p.stem: p for p in d.glob("*.mp4")}
+
+
+def test_write_probe_roundtrip(clips):
+    info = media.probe(clips["tone"])
+    assert (info.frames, info.width, info.height, info.fps) == (N_FRAMES, 64, 64, Fraction(FPS))
+    assert info.video_codec == "h264" and info.pix_fmt == "yuv420p"
+    assert info.duration_s == pytest.approx(N_FRAMES / FPS)
+    assert (info.audio_codec, info.audio_sample_rate, info.audio_channels) == ("aac", SR, 2)
+    assert_in_sync(info)
+    assert info.bytes == clips["tone"].stat().st_size and len(info.sha256) == 64
+
+    frames = media.read_frames(clips["tone"])
+    assert frames.shape == (N_FRAMES, 64, 64, 3) and frames.dtype == np.uint8
+    assert np.abs(frames.astype(np.int16) - gradient().astype(np.int16)).mean() < 4  # lossy, but close
+
+
+def test_audio_roundtrip_exact_length_and_aligned(clips):
+    audio, rate = media.read_audio(clips["tone"])
+    expected = sine(N_FRAMES / FPS)
+    # exact sample count: AAC priming and end padding are both removed
+    assert rate == SR and audio.shape == expected.shape
+    # no offset: the middle of the decoded tone matches the input sample for sample
+    assert np.abs(audio[:, 2000:-2000] - expected[:, 2000:-2000]).mean() < 0.01
+
+
+def test_silent_track_and_no_audio(clips):
+    silent = media.probe(clips["silent"])
+    assert_in_sync(silent)
+    assert (silent.audio_sample_rate, silent.audio_channels) == (SR, 2)
+    assert np.abs(media.read_audio(clips["silent"])[0]).max() == 0.0
+    mute = media.probe(clips["mute"])
+    assert not mute.has_audio and mute.audio_duration_s is None
+    with pytest.raises(ValueError, match="no audio stream"):
+        media.read_audio(clips["mute"])
+
+
+def test_audio_padded_trimmed_and_resampled(tmp_path):
+    short = media.write_mp4(tmp_path / "short.mp4", gradient(), FPS, sine(0.3), SR)
+    long = media.write_mp4(tmp_path / "long.mp4", gradient(), FPS, sine(5.0), SR)
+    # 22050 Hz is AAC-encodable: kept; 23000 Hz is not: resampled to the silent-track rate
+    kept = media.write_mp4(tmp_path / "kept.mp4", gradient(), FPS, sine(1.0, rate=22050), 22050)
+    odd = media.write_mp4(tmp_path / "odd.mp4", gradient(), FPS, sine(1.0, rate=23000)[0], 23000)
+    for info in (short, long, kept, odd):
+        assert_in_sync(info)
+    assert kept.audio_sample_rate == 22050
+    assert (odd.audio_sample_rate, odd.audio_channels) == (SR, 1)
+
+
+def test_stream_writer_accepts_chunks(tmp_path):
+    frames = gradient(frames=12)
+    chunks = [frames[:5], frames[5], frames[6:]]  # a decoder yielding tiles and single frames
+    info = media.write_mp4_stream(tmp_path / "s.mp4", iter(chunks), 64, 64, 12, None, None)
+    assert (info.frames, info.fps) == (12, Fraction(12))
+    assert_in_sync(info)
+
+
+def test_write_rejects_bad_input_and_leaves_no_partial_file(tmp_path):
+    with pytest.raises(ValueError, match="even"):
+        media.write_mp4(tmp_path / "odd.mp4", gradient(height=63, width=64), FPS, None, None)
+    with pytest.raises(ValueError, match="uint8"):
+        media.write_mp4(tmp_path / "f.mp4", gradient().astype(np.float32), FPS, None, None)
+    with pytest.raises(ValueError, match="sample_rate"):
+        media.write_mp4(tmp_path / "a.mp4", gradient(), FPS, sine(1.0), None)
+
+    def broken():
+        yield from gradient(frames=3)
+        yield np.zeros((32, 32, 3), np.uint8)  # wrong size mid-stream
+
+    with pytest.raises(ValueError, match="shape"):
+        media.write_mp4_stream(tmp_path / "b.mp4", broken(), 64, 64, FPS)
+    assert list(tmp_path.iterdir()) == []  # neither the target nor a temp file
+
+
+def test_merge_same_settings_stream_copies(clips, tmp_path):
+    result = media.merge_mp4([clips["tone"], clips["silent"]], tmp_path / "m.mp4")
+    assert result.video_mode == "copy"
+    assert result.frames == 2 * N_FRAMES and result.duration_s == pytest.approx(2 * N_FRAMES / FPS)
+    assert_in_sync(result.info)
+    # stream copy: the merged pictures are bit-identical to the inputs'
+    merged = media.read_frames(tmp_path / "m.mp4")
+    parts = [media.read_frames(clips["tone"]), media.read_frames(clips["silent"])]
+    assert np.array_equal(merged, np.concatenate(parts))
+    # the tone stays in the first shot; the second shot is (near) silence
+    audio, _ = media.read_audio(tmp_path / "m.mp4")
+    half = round(N_FRAMES / FPS * SR)
+    assert np.abs(audio[:, :half]).mean() > 0.1 and np.abs(audio[:, half + 2048 :]).max() < 0.01
+
+
+def test_merge_different_settings_reencodes_in_sync(clips, tmp_path):
+    inputs = [clips["tone"], clips["other"], clips["mute"]]
+    result = media.merge_mp4(inputs, tmp_path / "m.mp4")
+    assert result.video_mode == "reencode"
+    info = result.info
+    assert (info.width, info.height, info.fps) == (64, 64, Fraction(FPS))  # the first input's
+    # durations are kept: 17/16 s + 9/8 s + 17/16 s at 16 fps
+    assert result.frames == N_FRAMES + 18 + N_FRAMES
+    assert media.read_frames(tmp_path / "m.mp4").shape[0] == result.frames
+    assert_in_sync(info)
+    assert info.audio_sample_rate == SR and info.audio_channels == 2
+
+
+def test_merge_audio_and_no_audio_stays_in_sync(clips, tmp_path):
+    result = media.merge_mp4([clips["mute"], clips["tone"]], tmp_path / "m.mp4")
+    assert result.video_mode == "copy" and result.frames == 2 * N_FRAMES
+    assert_in_sync(result.info)
+    audio, _ = media.read_audio(tmp_path / "m.mp4")
+    half = round(N_FRAMES / FPS * SR)
+    assert np.abs(audio[:, : half - 2048]).max() < 0.01 and np.abs(audio[:, half + 2048 :]).mean() > 0.1
+
+
+def test_merge_errors(clips, tmp_path):
+    with pytest.raises(ValueError, match="at least one"):
+        media.merge_mp4([], tmp_path / "m.mp4")
+    with pytest.raises(ValueError, match="missing.mp4"):
+        media.merge_mp4([clips["tone"], tmp_path / "missing.mp4"], tmp_path / "m.mp4")
+    junk = tmp_path / "junk.mp4"
+    junk.write_bytes(b"not an mp4" * 50)
+    with pytest.raises(ValueError, match="junk.mp4"):
+        media.merge_mp4([junk], tmp_path / "m.mp4")
+    assert not (tmp_path / "m.mp4").exists()
+
+
+def test_extract_frame_and_wav(clips, tmp_path):
+    image = media.extract_frame(clips["tone"])
+    assert image.size == (64, 64)
+    middle = media.read_frames(clips["tone"])[N_FRAMES // 2]
+    assert np.array_equal(np.asarray(image), middle)
+    with pytest.raises(ValueError, match="out of range"):
+        media.extract_frame(clips["tone"], N_FRAMES)
+
+    out = media.extract_audio_wav(clips["tone"], tmp_path / "a.wav")
+    with wave.open(str(out)) as w:
+        assert (w.getnchannels(), w.getframerate(), w.getnframes()) == (2, SR, round(N_FRAMES / FPS * SR))
