@@ -8,13 +8,14 @@ on a device worker every run reuses the same loaded weights.
 import time
 from pathlib import Path
 
-from dagster import AssetMaterialization, Config, In, OpExecutionContext, Out, Output, op
+from dagster import AssetMaterialization, Config, Failure, In, OpExecutionContext, Out, Output, op
 from pydantic import Field
 
 from ops.assets import SHOT_KEY, register_shot_partition
 from ops.types import ConditioningBundle, DecodedBundle, LatentsBundle, ShotArtifact
 from resources.media_store import MediaStoreResource
 from resources.model_runtime import ModelRuntimeResource
+from shotloom.capabilities import CapabilityError
 from shotloom.request import GenerationRequest, MemorySlot
 
 
@@ -86,7 +87,12 @@ def condition_op(
         last_frame=path(config.last_frame),
         memory=[MemorySlot(path(m.image), path(m.audio)) for m in config.memory],
     )
-    rt.check(req)
+    try:
+        rt.check(req)
+    except (CapabilityError, FileNotFoundError) as exc:
+        # The request itself is wrong: fail clearly and never retry it.
+        raise Failure(description=str(exc), metadata={"field": getattr(exc, "field", "input")},
+                      allow_retries=False) from exc
     bundle, hit = rt.condition(req)
     bundle.meta.update(
         kind="conditioning",
