@@ -41,21 +41,63 @@ def case_config(tmp: Path, family: str, label: str, kind: str) -> Path:
 def run_case(tmp: Path, family: str, label: str, w: int, h: int, n: int) -> dict:
     prompt, seed = "a lighthouse in a storm", 11
     cli_cfg = case_config(tmp, family, label, "cli")
-    cli = [sys.executable, "inference.py", "--config", str(cli_cfg), "--prompt", prompt, "--seed", str(seed),
-           "--width", str(w), "--height", str(h), "--num-frames", str(n), "--output", str(tmp / "cli.mp4")]
+    cli = [
+        sys.executable,
+        "inference.py",
+        "--config",
+        str(cli_cfg),
+        "--prompt",
+        prompt,
+        "--seed",
+        str(seed),
+        "--width",
+        str(w),
+        "--height",
+        str(h),
+        "--num-frames",
+        str(n),
+        "--output",
+        str(tmp / "cli.mp4"),
+    ]
     cli_s, cli_mib, _ = run_measured(cli)
 
     dg_cfg = case_config(tmp, family, label, "dagster")
     run_cfg = tmp / "run.yaml"
-    run_cfg.write_text(yaml.safe_dump({
-        "ops": {"condition_op": {"config": {"work_id": "bench", "shot_id": f"{family}-{label}", "prompt": prompt,
-                                            "seed": seed, "width": w, "height": h, "num_frames": n}}},
-        "resources": {"runtime": {"config": {"inference_config": str(dg_cfg)}},
-                      "media": {"config": {"root": str(tmp / "media")}},
-                      "io_manager": {"config": {"base_dir": str(tmp / "steps")}}},
-    }))
-    dagster = [str(Path(sys.executable).parent / "dagster"), "job", "execute", "-m", "orchestration.definitions",
-               "-j", "r2v", "-c", str(run_cfg)]
+    run_cfg.write_text(
+        yaml.safe_dump(
+            {
+                "ops": {
+                    "condition_op": {
+                        "config": {
+                            "work_id": "bench",
+                            "shot_id": f"{family}-{label}",
+                            "prompt": prompt,
+                            "seed": seed,
+                            "width": w,
+                            "height": h,
+                            "num_frames": n,
+                        }
+                    }
+                },
+                "resources": {
+                    "runtime": {"config": {"inference_config": str(dg_cfg)}},
+                    "media": {"config": {"root": str(tmp / "media")}},
+                    "io_manager": {"config": {"base_dir": str(tmp / "steps")}},
+                },
+            }
+        )
+    )
+    dagster = [
+        str(Path(sys.executable).parent / "dagster"),
+        "job",
+        "execute",
+        "-m",
+        "orchestration.definitions",
+        "-j",
+        "r2v",
+        "-c",
+        str(run_cfg),
+    ]
     dg_s, dg_mib, _ = run_measured(dagster, env={"DAGSTER_HOME": str(tmp / "dagster_home")})
     return {"cli_s": cli_s, "cli_mib": cli_mib, "dagster_s": dg_s, "dagster_mib": dg_mib}
 
@@ -68,14 +110,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         (tmp / "dagster_home").mkdir()
-        print(f"{'case':<12} {'size':>12} {'cli s':>8} {'dagster s':>10} {'ratio':>6} {'cli MiB':>8} {'dg MiB':>8}")
+        header = ("case", "size", "cli s", "dagster s", "ratio", "cli MiB", "dg MiB")
+        print("{:<12} {:>12} {:>8} {:>10} {:>6} {:>8} {:>8}".format(*header))
         for family, label, w, h, n in CASES:
             if args.family and family not in args.family:
                 continue
             r = run_case(tmp, family, label, w, h, n)
             ratio = r["dagster_s"] / r["cli_s"]
-            print(f"{family + '-' + label:<12} {f'{w}x{h}x{n}':>12} {r['cli_s']:>8.2f} {r['dagster_s']:>10.2f} "
-                  f"{ratio:>6.2f} {r['cli_mib']:>8.0f} {r['dagster_mib']:>8.0f}")
+            print(
+                f"{family + '-' + label:<12} {f'{w}x{h}x{n}':>12} {r['cli_s']:>8.2f} {r['dagster_s']:>10.2f} "
+                f"{ratio:>6.2f} {r['cli_mib']:>8.0f} {r['dagster_mib']:>8.0f}"
+            )
             key = f"{family}_{label}"
             figures[f"{key}_cli_s"] = round(r["cli_s"], 2)
             figures[f"{key}_dagster_s"] = round(r["dagster_s"], 2)

@@ -6,8 +6,13 @@ AssetSpecs, because a runtime-only key would get no edges.
 
 from __future__ import annotations
 
-from dagster import AssetKey, DagsterInstance, DynamicPartitionsDefinition, MultiPartitionKey
-from dagster import MultiPartitionsDefinition
+from dagster import (
+    AssetKey,
+    DagsterInstance,
+    DynamicPartitionsDefinition,
+    MultiPartitionKey,
+    MultiPartitionsDefinition,
+)
 
 SHOT_KEY = AssetKey("shot")
 FILM_KEY = AssetKey("film")

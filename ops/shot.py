@@ -91,8 +91,9 @@ def condition_op(
         rt.check(req)
     except (CapabilityError, FileNotFoundError) as exc:
         # The request itself is wrong: fail clearly and never retry it.
-        raise Failure(description=str(exc), metadata={"field": getattr(exc, "field", "input")},
-                      allow_retries=False) from exc
+        raise Failure(
+            description=str(exc), metadata={"field": getattr(exc, "field", "input")}, allow_retries=False
+        ) from exc
     bundle, hit = rt.condition(req)
     bundle.meta.update(
         kind="conditioning",
@@ -129,9 +130,7 @@ def decode_op(context: OpExecutionContext, latents, runtime: ModelRuntimeResourc
 
 
 @op(ins={"decoded": In(DecodedBundle)}, out=Out(ShotArtifact), tags={"stage": "writing"})
-def write_op(
-    context: OpExecutionContext, decoded, runtime: ModelRuntimeResource, media: MediaStoreResource
-):
+def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource, media: MediaStoreResource):
     """Write the MP4 and record it as a materialization of the shot asset."""
     from shotloom.runtime import bundle_to_decoded, media_summary
 
@@ -149,7 +148,10 @@ def write_op(
         seed=req.seed,
         checkpoint=rt.checkpoint_id,
         timings=timings,
-        **{k: summary[k] for k in ("bytes", "sha256", "frames", "fps", "width", "height", "duration_s", "has_audio")},
+        **{
+            k: summary[k]
+            for k in ("bytes", "sha256", "frames", "fps", "width", "height", "duration_s", "has_audio")
+        },
     )
     partition = register_shot_partition(context.instance, work_id, shot_id)
     yield AssetMaterialization(

@@ -22,7 +22,10 @@ def _bundle_type(kind: str, description: str) -> DagsterType:
         return TypeCheck(got == kind, description=f"bundle kind {got!r}, expected {kind!r}")
 
     return DagsterType(
-        name=f"{kind.capitalize()}Bundle", type_check_fn=check, typing_type=TensorBundle, description=description
+        name=f"{kind.capitalize()}Bundle",
+        type_check_fn=check,
+        typing_type=TensorBundle,
+        description=description,
     )
 
 

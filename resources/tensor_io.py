@@ -34,7 +34,9 @@ class TensorIOManager(ConfigurableIOManager):
         if isinstance(obj, TensorBundle):
             target = obj.save(path.with_suffix(".safetensors"))
             shapes = {k: list(v.shape) for k, v in obj.tensors.items()}
-            context.add_output_metadata({"path": str(target), "bytes": target.stat().st_size, "shapes": shapes})
+            context.add_output_metadata(
+                {"path": str(target), "bytes": target.stat().st_size, "shapes": shapes}
+            )
         elif dataclasses.is_dataclass(obj):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.with_suffix(".json").write_text(

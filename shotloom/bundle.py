@@ -36,7 +36,9 @@ class TensorBundle:
         with safe_open(str(path), framework="pt", device=device) as f:
             meta = json.loads((f.metadata() or {}).get(_META_KEY, "{}"))
             for key in f.keys():
-                tensors[key] = f.get_tensor(key)
+                # clone: the file's tensors sit at unaligned offsets, and unaligned inputs take other
+                # SIMD paths (last-bit differences), which would break bit-identical reruns from disk.
+                tensors[key] = f.get_tensor(key).clone()
         return cls(tensors=tensors, meta=meta)
 
     def to(self, device: str, dtype=None) -> TensorBundle:

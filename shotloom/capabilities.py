@@ -48,9 +48,7 @@ class Capabilities:
             raise CapabilityError("fps", f"must be one of {list(self.fps)}, got {req.fps}")
         lo, hi = self.guidance_range
         if not lo <= req.guidance_scale <= hi:
-            raise CapabilityError(
-                "guidance_scale", f"must be within [{lo}, {hi}], got {req.guidance_scale}"
-            )
+            raise CapabilityError("guidance_scale", f"must be within [{lo}, {hi}], got {req.guidance_scale}")
         if req.first_frame is not None and not self.first_frame:
             raise CapabilityError("first_frame", "this model family does not take a first frame")
         if req.last_frame is not None and not self.last_frame:
@@ -62,6 +60,4 @@ class Capabilities:
             )
         for i, slot in enumerate(req.memory):
             if slot.audio is not None and not self.audio_in:
-                raise CapabilityError(
-                    f"memory[{i}].audio", "this model family does not take audio input"
-                )
+                raise CapabilityError(f"memory[{i}].audio", "this model family does not take audio input")

@@ -55,7 +55,7 @@ class Sampler(_Strict):
     @field_validator("sigmas")
     @classmethod
     def _descending(cls, v: list[float]) -> list[float]:
-        if not v or any(not 0 < s <= 1 for s in v) or any(a <= b for a, b in zip(v, v[1:])):
+        if not v or any(not 0 < s <= 1 for s in v) or any(a <= b for a, b in zip(v, v[1:], strict=False)):
             raise ValueError("sigmas must be a non-empty, strictly descending list in (0, 1]")
         return v
 

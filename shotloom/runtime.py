@@ -186,7 +186,9 @@ def decoded_to_bundle(decoded: DecodedMedia, req: GenerationRequest) -> TensorBu
     tensors = {"frames": torch.from_numpy(decoded.frames)}
     if decoded.audio is not None:
         tensors["audio"] = torch.from_numpy(decoded.audio)
-    return TensorBundle(tensors, {"kind": "decoded", "sample_rate": decoded.sample_rate, "request": req.to_json()})
+    return TensorBundle(
+        tensors, {"kind": "decoded", "sample_rate": decoded.sample_rate, "request": req.to_json()}
+    )
 
 
 def bundle_to_decoded(bundle: TensorBundle) -> DecodedMedia:

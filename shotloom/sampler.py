@@ -28,8 +28,18 @@ class DMDScheduler(FlowMatchEulerDiscreteScheduler):
 
 def make_dmd_scheduler(base_config, sigmas: list[float], shift: float) -> DMDScheduler:
     """A DMD scheduler from a pipeline's scheduler config and the YAML's sampler section."""
+    # Everything else that reshapes a sigma list is switched off: e.g. LTX-2's config stretches the
+    # schedule to end at shift_terminal=0.1, which would replace the YAML's last sigma.
     sched = DMDScheduler.from_config(
-        base_config, stochastic_sampling=True, shift=shift, use_dynamic_shifting=False
+        base_config,
+        stochastic_sampling=True,
+        shift=shift,
+        use_dynamic_shifting=False,
+        shift_terminal=None,
+        invert_sigmas=False,
+        use_karras_sigmas=False,
+        use_exponential_sigmas=False,
+        use_beta_sigmas=False,
     )
     sched.pinned_sigmas = list(sigmas)
     return sched

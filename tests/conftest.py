@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# Tiny models are many small kernels: one thread each is much faster than two fighting
+# over 2 cores (also inherited by the subprocesses tests start).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 import pytest

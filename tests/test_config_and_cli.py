@@ -53,8 +53,18 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_writes_the_mp4_the_yaml_asks_for(wan_config, tmp_path, image_file):
     out = tmp_path / "out.mp4"
-    proc = run_cli("--config", str(wan_config), "--prompt", "a red kite", "--seed", "5",
-                   "--first-frame", str(image_file), "--output", str(out))
+    proc = run_cli(
+        "--config",
+        str(wan_config),
+        "--prompt",
+        "a red kite",
+        "--seed",
+        "5",
+        "--first-frame",
+        str(image_file),
+        "--output",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     info = media.probe(out)
@@ -63,7 +73,15 @@ def test_cli_writes_the_mp4_the_yaml_asks_for(wan_config, tmp_path, image_file):
 
 
 def test_cli_capability_error_names_the_field(wan_config, tmp_path):
-    proc = run_cli("--config", str(wan_config), "--prompt", "x", "--num-frames", "18",
-                   "--output", str(tmp_path / "o.mp4"))
+    proc = run_cli(
+        "--config",
+        str(wan_config),
+        "--prompt",
+        "x",
+        "--num-frames",
+        "18",
+        "--output",
+        str(tmp_path / "o.mp4"),
+    )
     assert proc.returncode == 2
     assert "num_frames" in proc.stderr and not (tmp_path / "o.mp4").exists()

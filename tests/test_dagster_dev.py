@@ -41,7 +41,11 @@ def dagster_dev(tmp_path, wan_config):
     log = open(tmp_path / "dagster-dev.log", "wb")
     proc = subprocess.Popen(
         ["dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 120
@@ -66,7 +70,9 @@ def dagster_dev(tmp_path, wan_config):
 def test_run_launched_through_graphql_produces_mp4(dagster_dev):
     port, tmp_path = dagster_dev
     client = DagsterGraphQLClient("127.0.0.1", port_number=port)
-    run_config = {"ops": {"condition_op": {"config": {"work_id": "demo", "shot_id": "s1", "prompt": "rain", "seed": 3}}}}
+    run_config = {
+        "ops": {"condition_op": {"config": {"work_id": "demo", "shot_id": "s1", "prompt": "rain", "seed": 3}}}
+    }
     deadline = time.monotonic() + 120
     while True:  # the code location may still be loading
         try:

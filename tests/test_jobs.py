@@ -31,7 +31,10 @@ def resources_config(tmp_path, inference_config):
 def run_shot(instance, tmp_path, inference_config, **shot):
     shot = {"work_id": "w1", "shot_id": "s1", "prompt": "a kite over the sea", "seed": 7, **shot}
     result = defs.get_job_def("r2v").execute_in_process(
-        run_config={"ops": {"condition_op": {"config": shot}}, "resources": resources_config(tmp_path, inference_config)},
+        run_config={
+            "ops": {"condition_op": {"config": shot}},
+            "resources": resources_config(tmp_path, inference_config),
+        },
         instance=instance,
         raise_on_error=False,
     )
@@ -91,7 +94,11 @@ def test_merge_job_concatenates_shots_with_lineage(instance, tmp_path, wan_confi
         shots.append(result.output_for_node("write_op"))
     result = defs.get_job_def("merge").execute_in_process(
         run_config={
-            "ops": {"merge_op": {"config": {"work_id": "w1", "inputs": [s.path for s in shots], "shot_ids": ["s1", "s2"]}}},
+            "ops": {
+                "merge_op": {
+                    "config": {"work_id": "w1", "inputs": [s.path for s in shots], "shot_ids": ["s1", "s2"]}
+                }
+            },
             "resources": resources_config(tmp_path, wan_config),
         },
         instance=instance,
@@ -107,5 +114,7 @@ def test_merge_job_concatenates_shots_with_lineage(instance, tmp_path, wan_confi
 
 def test_code_location_does_not_import_torch():
     code = "import sys, orchestration.definitions; print('torch' in sys.modules, 'diffusers' in sys.modules)"
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True
+    )
     assert out.stdout.split() == ["False", "False"]

@@ -43,6 +43,16 @@ def files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny models make thousands of tiny conv3d calls; with 2 OpenMP threads on a shared 2-core box,
+    every call waits at a barrier for a descheduled thread (10-20x slower). One thread is faster anyway."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def wan(wan_checkpoint) -> WanAdapter:
     return WanAdapter.load(make_config(wan_checkpoint))

@@ -87,11 +87,15 @@ class FamilyAdapter(ABC):
         """Run every encoder (text, images, audio). Count each forward in encoder_counter."""
 
     @abstractmethod
-    def denoise(self, cond: TensorBundle, req: GenerationRequest, progress: Progress | None = None) -> TensorBundle:
+    def denoise(
+        self, cond: TensorBundle, req: GenerationRequest, progress: Progress | None = None
+    ) -> TensorBundle:
         """Few-step DMD from cond alone (no encoder forwards). Returns latents (video, maybe audio)."""
 
     @abstractmethod
-    def decode(self, latents: TensorBundle, req: GenerationRequest, progress: Progress | None = None) -> DecodedMedia:
+    def decode(
+        self, latents: TensorBundle, req: GenerationRequest, progress: Progress | None = None
+    ) -> DecodedMedia:
         """VAE decode (tiled per cfg.tiling) and, if the family makes audio, the vocoder."""
 
     # -- weights ------------------------------------------------------------

@@ -1,0 +1,564 @@
+"""Wan 2.1/2.2: ``WanVACEPipeline`` (every feature), ``WanImageToVideoPipeline``, ``WanPipeline`` (t2v).
+
+The stages must run in separate processes, so ``encode`` runs every encoder (UMT5, CLIP where
+the checkpoint has one, VAE encode of the conditioning) and stores the results; ``denoise``
+then calls the pipeline's own ``__call__`` with the stored tensors injected in place of the
+methods that would run those encoders (``_patched``). Reusing ``__call__`` keeps upstream
+behaviour (CFG, Wan 2.2 two-expert switching, TI2V timestep masks) without a copied loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import string
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers.utils.torch_utils import randn_tensor
+from PIL import Image
+
+from shotloom.bundle import TensorBundle
+from shotloom.capabilities import Capabilities, CapabilityError
+from shotloom.config import InferenceConfig, Tiling
+from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress
+from shotloom.request import GenerationRequest
+from shotloom.sampler import make_dmd_scheduler, seed_everything
+
+MODEL_INDEX = "model_index.json"
+VACE, I2V, T2V = "WanVACEPipeline", "WanImageToVideoPipeline", "WanPipeline"
+SUPPORTED_PIPELINES = (VACE, I2V, T2V)
+MAX_SEQUENCE_LENGTH = 512  # Wan's default text length; encode and denoise must agree
+MAX_VACE_REFERENCES = 7
+FPS = (16,)
+GUIDANCE_RANGE = (1.0, 10.0)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Tiny checkpoint: shapes that run in well under a second on CPU (see DESIGN.md).
+_TINY_TEXT_DIM = 32
+_TINY_WORDS = (
+    "a an the of and in on with at to from is are cat dog bird fish man woman child city street forest "
+    "river sea sky night day sun moon red blue green white black slow fast camera shot light walks runs flies"
+).split()
+
+
+# -- tiny checkpoint -----------------------------------------------------------------------------
+def _tiny_vocab() -> list[tuple[str, float]]:
+    """A Unigram vocabulary built offline: specials, single characters and a few whole words."""
+    specials = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    chars = [(c, -5.0) for c in string.ascii_letters + string.digits + string.punctuation]
+    words = [("\u2581" + w, -1.0) for w in _TINY_WORDS]
+    return specials + [("\u2581", -2.0)] + chars + words
+
+
+def _tiny_components(pipeline: str) -> dict[str, Any]:
+    from diffusers import (
+        AutoencoderKLWan,
+        FlowMatchEulerDiscreteScheduler,
+        WanTransformer3DModel,
+        WanVACETransformer3DModel,
+    )
+    from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
+
+    tokenizer = T5Tokenizer(vocab=_tiny_vocab(), extra_ids=0)
+    text_encoder = UMT5EncoderModel(
+        UMT5Config(
+            vocab_size=len(tokenizer),
+            d_model=_TINY_TEXT_DIM,
+            d_kv=8,
+            d_ff=64,
+            num_layers=2,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.pad_token_id,
+        )
+    )
+    vae = AutoencoderKLWan(
+        base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+    )
+    dit: dict[str, Any] = dict(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        out_channels=16,
+        text_dim=_TINY_TEXT_DIM,
+        freq_dim=32,
+        ffn_dim=32,
+        num_layers=2,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32,
+    )
+    common = dict(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
+    )
+    if pipeline == VACE:
+        # vace_in_channels = 2 x z_dim (inactive + reactive video) + 8x8 (spatially folded mask)
+        transformer = WanVACETransformer3DModel(in_channels=16, vace_layers=[0], vace_in_channels=96, **dit)
+        return {**common, "transformer": transformer}
+    if pipeline == I2V:
+        # Wan 2.2-style I2V (no CLIP): noise (16) + frame mask (4) + image latents (16)
+        return {
+            **common,
+            "transformer": WanTransformer3DModel(in_channels=36, **dit),
+            "image_encoder": None,
+            "image_processor": None,
+        }
+    if pipeline == T2V:
+        return {**common, "transformer": WanTransformer3DModel(in_channels=16, **dit)}
+    raise ValueError(f"pipeline: unsupported Wan pipeline {pipeline!r}; known: {list(SUPPORTED_PIPELINES)}")
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Rename a finished build into place; a reader never sees a half-written checkpoint."""
+    if out.exists() and not (out / MODEL_INDEX).is_file():
+        if any(out.iterdir()):
+            raise FileExistsError(f"{out} exists and is not a diffusers checkpoint; refusing to replace it")
+        out.rmdir()
+    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex}") if out.exists() else None
+    if old is not None:
+        out.rename(old)
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not (out / MODEL_INDEX).is_file():  # otherwise a concurrent builder won the race: fine
+            raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _pipeline_kind(pipe) -> str:
+    name = type(pipe).__name__
+    if name not in SUPPORTED_PIPELINES:
+        raise ValueError(
+            f"paths.checkpoint: unsupported Wan pipeline {name}; supported: {list(SUPPORTED_PIPELINES)}"
+        )
+    return name
+
+
+def _transformer(pipe):
+    """The (first) DiT; Wan 2.2 checkpoints may carry only ``transformer_2``."""
+    return pipe.transformer if pipe.transformer is not None else pipe.transformer_2
+
+
+def _load_rgb(path: Path, width: int, height: int) -> Image.Image:
+    """Scale to cover width x height, then centre-crop: exact size, aspect kept."""
+    with Image.open(path) as im:
+        im = im.convert("RGB")
+    scale = max(width / im.width, height / im.height)
+    w, h = max(width, round(im.width * scale)), max(height, round(im.height * scale))
+    im = im.resize((w, h), Image.Resampling.BICUBIC)
+    left, top = (w - width) // 2, (h - height) // 2
+    return im.crop((left, top, left + width, top + height))
+
+
+def _latent_stats(vae, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (1, vae.config.z_dim, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean).view(shape).to(device, dtype)
+    std = torch.tensor(vae.config.latents_std).view(shape).to(device, dtype)
+    return mean, std
+
+
+@contextmanager
+def _patched(obj: Any, **methods: Callable) -> Iterator[None]:
+    """Shadow methods on one instance (not the class), always restoring them."""
+    missing = object()
+    saved = {name: obj.__dict__.get(name, missing) for name in methods}
+    try:
+        for name, fn in methods.items():
+            setattr(obj, name, fn)
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                obj.__dict__.pop(name, None)
+            else:
+                setattr(obj, name, value)
+
+
+def _place(pipe, device: str, offload: bool) -> None:
+    """Move to the device; with offload on CUDA, stream the DiT blocks in with group offloading."""
+    dev = torch.device(device)
+    if not (offload and dev.type == "cuda"):
+        pipe.to(dev)  # on CPU offloading is a no-op: the weights already live there
+        return
+    for name, module in pipe.components.items():
+        if not isinstance(module, torch.nn.Module):
+            continue
+        if name.startswith("transformer"):
+            module.enable_group_offload(
+                onload_device=dev,
+                offload_device=torch.device("cpu"),
+                offload_type="block_level",
+                num_blocks_per_group=1,
+                use_stream=True,
+            )
+        else:
+            module.to(dev)
+
+
+# -- adapter -------------------------------------------------------------------------------------
+class WanAdapter(FamilyAdapter):
+    family = "wan"
+
+    # -- checkpoint -----------------------------------------------------------------------------
+    @classmethod
+    def build_tiny_checkpoint(cls, out_dir: Path, seed: int = 0, *, pipeline: str = VACE) -> Path:
+        """A tiny random ``pipeline`` checkpoint (~0.5 MB); same seed -> identical files."""
+        out_dir = Path(out_dir)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+        try:
+            with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG alone
+                torch.manual_seed(seed)
+                components = _tiny_components(pipeline)
+            import diffusers
+
+            getattr(diffusers, pipeline)(**components).save_pretrained(tmp)
+            tmp.chmod(0o755)  # mkdtemp makes it private
+            _publish(tmp, out_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing left after a successful rename
+        return out_dir
+
+    @classmethod
+    def load(cls, cfg: InferenceConfig, device: str = "cpu") -> WanAdapter:
+        ckpt = Path(cfg.paths.checkpoint)
+        if not (ckpt / MODEL_INDEX).is_file():
+            if not cfg.tiny.build_if_missing:
+                raise FileNotFoundError(f"paths.checkpoint: no {MODEL_INDEX} in {ckpt}")
+            cls.build_tiny_checkpoint(ckpt, seed=cfg.tiny.seed)
+        from diffusers import DiffusionPipeline
+
+        dtype = DTYPES[cfg.dtype]
+        # The Wan VAE stays float32 (as upstream recommends); ``torch_dtype`` is deprecated for ``dtype``.
+        pipe = DiffusionPipeline.from_pretrained(
+            str(ckpt), local_files_only=True, dtype={"default": dtype, "vae": torch.float32}
+        )
+        _pipeline_kind(pipe)
+        pipe.scheduler = make_dmd_scheduler(pipe.scheduler.config, cfg.sampler.sigmas, cfg.sampler.shift)
+        pipe.set_progress_bar_config(disable=True)
+        _place(pipe, device, cfg.offload)
+        adapter = cls(cfg, pipe, device)
+        adapter.configure_tiling(cfg.tiling)
+        adapter._count_encoders()
+        return adapter
+
+    @property
+    def kind(self) -> str:
+        """The pipeline class named in model_index.json: decides which features exist."""
+        return _pipeline_kind(self.pipe)
+
+    def configure_tiling(self, tiling: Tiling) -> None:
+        """Spatial tiled decode (Wan's VAE does not tile time). Tile/stride must align to latents."""
+        vae = self.pipe.vae
+        if not tiling.enabled:
+            vae.disable_tiling()
+            return
+        ratio = self.pipe.vae_scale_factor_spatial
+        for field in ("tile_px", "stride_px"):
+            value = getattr(tiling, field)
+            if value % ratio:
+                raise ValueError(
+                    f"tiling.{field}: must be a multiple of the VAE spatial ratio {ratio}, got {value}"
+                )
+        vae.enable_tiling(
+            tile_sample_min_height=tiling.tile_px,
+            tile_sample_min_width=tiling.tile_px,
+            tile_sample_stride_height=tiling.stride_px,
+            tile_sample_stride_width=tiling.stride_px,
+        )
+
+    def _count_encoders(self) -> None:
+        """Count real encoder forwards: hooks on the encoders, a wrapper around ``vae.encode``."""
+        for name in ("text_encoder", "image_encoder"):
+            module = getattr(self.pipe, name, None)
+            if isinstance(module, torch.nn.Module):
+                module.register_forward_pre_hook(lambda _m, _a, n=name: self.encoder_counter.hit(n))
+        vae = self.pipe.vae
+        encode = vae.encode
+
+        @functools.wraps(encode)
+        def counted_encode(*args, **kwargs):
+            self.encoder_counter.hit("vae_encode")
+            return encode(*args, **kwargs)
+
+        vae.encode = counted_encode
+
+    # -- capabilities ---------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> Capabilities:
+        kind = self.kind
+        transformer = _transformer(self.pipe)
+        ti2v = bool(self.pipe.config.get("expand_timesteps", False))  # 2.2 TI2V: first frame only
+        return Capabilities(
+            max_reference_images=MAX_VACE_REFERENCES if kind == VACE else 0,
+            first_frame=kind in (VACE, I2V),
+            last_frame=kind == VACE or (kind == I2V and not ti2v),
+            audio_in=False,
+            audio_out=False,
+            frame_multiple=self.pipe.vae_scale_factor_temporal,
+            size_multiple=self.pipe.vae_scale_factor_spatial * transformer.config.patch_size[1],
+            fps=FPS,
+            guidance_range=GUIDANCE_RANGE,
+        )
+
+    def check(self, req: GenerationRequest) -> None:
+        super().check(req)
+        if self.kind == I2V and req.first_frame is None:
+            raise CapabilityError("first_frame", "this image-to-video checkpoint needs a first frame")
+        if self.kind == VACE:
+            # VACE prepends one latent frame per reference; it takes at most one per latent frame.
+            limit = (req.num_frames - 1) // self.pipe.vae_scale_factor_temporal + 1
+            if len(req.memory) > limit:
+                raise CapabilityError(
+                    "memory",
+                    f"at most {limit} reference images for {req.num_frames} frames, got {len(req.memory)}",
+                )
+
+    # -- encode ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def encode(self, req: GenerationRequest) -> TensorBundle:
+        """Text (+ negative when guidance > 1) and the image conditioning, all as tensors."""
+        self.check(req)
+        pipe = self.pipe
+        device = pipe._execution_device
+        use_negative = req.guidance_scale > 1.0
+        prompt_embeds, negative = pipe.encode_prompt(
+            prompt=req.prompt,
+            negative_prompt=req.negative_prompt,
+            do_classifier_free_guidance=use_negative,
+            max_sequence_length=MAX_SEQUENCE_LENGTH,
+            device=device,
+        )
+        tensors = {"prompt_embeds": prompt_embeds}
+        if negative is not None:
+            tensors["negative_prompt_embeds"] = negative
+        num_refs = 0
+        if self.kind == VACE:
+            vace, num_refs = self._encode_vace(req, device)
+            tensors.update(vace)
+        elif self.kind == I2V:
+            tensors.update(self._encode_i2v(req, device))
+        meta = {
+            "family": self.family,
+            "pipeline": self.kind,
+            "width": req.width,
+            "height": req.height,
+            "num_frames": req.num_frames,
+            "num_reference_images": num_refs,
+            "uses_negative": use_negative,
+        }
+        return TensorBundle({k: v.detach().to("cpu") for k, v in tensors.items()}, meta)
+
+    def _vace_video(self, req: GenerationRequest) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """First/last frame as a masked VACE video: given frames kept (mask 0), the rest generated."""
+        if req.first_frame is None and req.last_frame is None:
+            return None, None  # the pipeline's own default: an all-zero video, all-ones mask
+        shape = (1, req.num_frames, req.height, req.width, 3)  # 5-D (B, F, H, W, C) floats in [0, 1]
+        video = np.full(shape, 0.5, dtype=np.float32)  # 0.5 = 0 in the VAE's [-1, 1]: "unknown"
+        mask = np.ones(shape, dtype=np.float32)
+        for index, path in ((0, req.first_frame), (-1, req.last_frame)):
+            if path is not None:
+                video[0, index] = np.asarray(_load_rgb(path, req.width, req.height), dtype=np.float32) / 255.0
+                mask[0, index] = 0.0
+        return video, mask
+
+    def _encode_vace(self, req: GenerationRequest, device) -> tuple[dict[str, torch.Tensor], int]:
+        pipe = self.pipe
+        video, mask = self._vace_video(req)
+        refs = [_load_rgb_any(slot.image) for slot in req.memory] or None
+        video, mask, refs = pipe.preprocess_conditions(
+            video, mask, refs, 1, req.height, req.width, req.num_frames, torch.float32, device
+        )
+        latents = pipe.prepare_video_latents(video, mask, refs, None, device)
+        masks = pipe.prepare_masks(mask, refs, None)
+        return {"vace_video_latents": latents, "vace_mask": masks}, len(refs[0])
+
+    def _encode_i2v(self, req: GenerationRequest, device) -> dict[str, torch.Tensor]:
+        pipe = self.pipe
+        first = _load_rgb(req.first_frame, req.width, req.height)
+        last = _load_rgb(req.last_frame, req.width, req.height) if req.last_frame else None
+
+        def prep(im: Image.Image) -> torch.Tensor:
+            return pipe.video_processor.preprocess(im, height=req.height, width=req.width).to(
+                device, torch.float32
+            )
+
+        shape = self._latent_shape(req, pipe.vae.config.z_dim)
+        out = pipe.prepare_latents(
+            prep(first),
+            1,
+            shape[1],
+            req.height,
+            req.width,
+            req.num_frames,
+            torch.float32,
+            device,
+            None,
+            torch.zeros(shape, device=device),
+            prep(last) if last is not None else None,
+        )  # zero "noise" so the encode stage draws no random numbers; only the condition is kept
+        tensors = {"i2v_condition": out[1]}
+        if len(out) == 3:
+            tensors["i2v_first_frame_mask"] = out[2]
+        if _transformer(pipe).config.image_dim is not None:  # Wan 2.1 I2V: CLIP image embeddings
+            tensors["image_embeds"] = pipe.encode_image(first if last is None else [first, last], device)
+        return tensors
+
+    def _latent_shape(self, req: GenerationRequest, channels: int) -> tuple[int, int, int, int, int]:
+        pipe = self.pipe
+        frames = (req.num_frames - 1) // pipe.vae_scale_factor_temporal + 1
+        ratio = pipe.vae_scale_factor_spatial
+        return (1, channels, frames, req.height // ratio, req.width // ratio)
+
+    # -- denoise --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def denoise(
+        self, cond: TensorBundle, req: GenerationRequest, progress: Progress | None = None
+    ) -> TensorBundle:
+        """Few-step DMD from ``cond`` alone; runs no encoder. Same seed -> bit-identical latents."""
+        self._check_cond(cond, req)
+        pipe = self.pipe
+        device = pipe._execution_device
+        t = {k: v.to(device) for k, v in cond.tensors.items()}
+        steps = len(self.cfg.sampler.sigmas)
+
+        def on_step_end(_pipe, i: int, _t, _kwargs: dict) -> dict:
+            if progress is not None:
+                progress(i + 1, steps)  # may raise (cancel): propagates out of the pipeline
+            return {}
+
+        generator = seed_everything(req.seed)  # noise from the generator, DMD re-noise from the global RNG
+        kwargs: dict[str, Any] = dict(
+            prompt_embeds=t["prompt_embeds"],
+            negative_prompt_embeds=t.get("negative_prompt_embeds"),
+            height=req.height,
+            width=req.width,
+            num_frames=req.num_frames,
+            num_inference_steps=steps,
+            guidance_scale=req.guidance_scale,
+            generator=generator,
+            output_type="latent",
+            callback_on_step_end=on_step_end,
+            max_sequence_length=MAX_SEQUENCE_LENGTH,
+        )
+        with self._inject(t, cond.meta, req, kwargs):
+            latents = pipe(**kwargs).frames
+        # VACE prepends one latent frame per reference image; the pipeline drops them only when it decodes.
+        latents = latents[:, :, int(cond.meta.get("num_reference_images", 0)) :]
+        meta = {
+            "family": self.family,
+            "kind": "latents",
+            "pipeline": self.kind,
+            "shape": list(latents.shape),
+            "seed": req.seed,
+            "sigmas": list(self.cfg.sampler.sigmas),
+            "shift": self.cfg.sampler.shift,
+            "width": req.width,
+            "height": req.height,
+            "num_frames": req.num_frames,
+        }
+        return TensorBundle({"video": latents.float().to("cpu").contiguous()}, meta)
+
+    def _check_cond(self, cond: TensorBundle, req: GenerationRequest) -> None:
+        meta = cond.meta
+        if meta.get("pipeline") not in (None, self.kind):
+            raise ValueError(
+                f"conditioning was encoded for {meta['pipeline']}, this checkpoint is {self.kind}"
+            )
+        for name in ("width", "height", "num_frames"):
+            if name in meta and meta[name] != getattr(req, name):
+                raise ValueError(
+                    f"{name}: conditioning was encoded at {meta[name]}, request has {getattr(req, name)}"
+                )
+        if req.guidance_scale > 1.0 and "negative_prompt_embeds" not in cond.tensors:
+            raise ValueError(
+                "guidance_scale: conditioning has no negative_prompt_embeds (encoded with guidance 1)"
+            )
+
+    def _inject(
+        self, t: dict[str, torch.Tensor], meta: dict, req: GenerationRequest, kwargs: dict
+    ) -> AbstractContextManager:
+        """Bind the pipeline's encoder-running methods to return the precomputed tensors."""
+        if self.kind == VACE:
+            placeholders = [[None] * int(meta.get("num_reference_images", 0))]  # only their count is read
+            return _patched(
+                self.pipe,
+                preprocess_conditions=lambda *_a, **_k: (None, None, placeholders),
+                prepare_video_latents=lambda *_a, **_k: t["vace_video_latents"],
+                prepare_masks=lambda *_a, **_k: t["vace_mask"],
+            )
+        if self.kind == I2V:
+            return self._inject_i2v(t, req, kwargs)
+        return nullcontext()
+
+    def _inject_i2v(
+        self, t: dict[str, torch.Tensor], req: GenerationRequest, kwargs: dict
+    ) -> AbstractContextManager:
+        condition, mask = t["i2v_condition"], t.get("i2v_first_frame_mask")
+        shape = self._latent_shape(req, self.pipe.vae.config.z_dim)
+
+        def prepare_latents(
+            image,
+            batch_size,
+            channels,
+            height,
+            width,
+            num_frames,
+            dtype,
+            device,
+            generator,
+            latents=None,
+            last_image=None,
+        ):
+            # The same noise draw as the pipeline's own prepare_latents, minus its VAE encode.
+            noise = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
+            return (noise, condition) if mask is None else (noise, condition, mask)
+
+        # __call__ requires ``image``; only the two patched methods would read it.
+        kwargs["image"] = Image.new("RGB", (req.width, req.height))
+        return _patched(
+            self.pipe, prepare_latents=prepare_latents, encode_image=lambda *_a, **_k: t["image_embeds"]
+        )
+
+    # -- decode ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def decode(
+        self, latents: TensorBundle, req: GenerationRequest, progress: Progress | None = None
+    ) -> DecodedMedia:
+        """Denormalise as the pipeline does, VAE-decode (tiled per config), to uint8 (F, H, W, 3)."""
+        pipe = self.pipe
+        vae = pipe.vae
+        z = latents.tensors["video"].to(pipe._execution_device, vae.dtype)
+        mean, std = _latent_stats(vae, z.device, z.dtype)
+        video = vae.decode(z * std + mean, return_dict=False)[0]
+        frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]  # (F, H, W, 3) in [0, 1]
+        frames = (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+        expected = (req.num_frames, req.height, req.width, 3)
+        if frames.shape != expected:
+            raise RuntimeError(
+                f"decoded {frames.shape}, expected {expected}: latents do not match the request"
+            )
+        if progress is not None:
+            progress(1, 1)
+        return DecodedMedia(frames=frames)
+
+
+def _load_rgb_any(path: Path) -> Image.Image:
+    """A reference image at its own size (the pipeline fits it onto a white canvas)."""
+    with Image.open(path) as im:
+        return im.convert("RGB")
