@@ -35,6 +35,15 @@ def _config(checkpoint: Path, **overrides) -> InferenceConfig:
     return InferenceConfig.model_validate(data)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models are all op overhead: extra threads only add OpenMP barriers (slow on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def ltx2_checkpoint(tmp_path_factory) -> Path:
     return LTX2Adapter.build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "ltx2-tiny", seed=0)
@@ -77,7 +86,8 @@ def _generate(adapter: LTX2Adapter, req: GenerationRequest) -> tuple[TensorBundl
 def test_text_to_video_with_audio(adapter):
     req = _req()
     cond = adapter.encode(req)
-    assert adapter.encoder_counter.calls["text_encoder"] > 0 and adapter.encoder_counter.calls["connectors"] > 0
+    counts = adapter.encoder_counter.calls
+    assert counts["text_encoder"] > 0 and counts["connectors"] > 0
     encoded = adapter.encoder_counter.total
     steps: list[tuple[int, int]] = []
     latents = adapter.denoise(cond, req, progress=lambda i, n: steps.append((i, n)))
@@ -96,7 +106,7 @@ def test_denoise_matches_the_pipelines_own_call(adapter):
     req = _req()
     latents = adapter.denoise(adapter.encode(req), req)
     pipe = adapter.pipe
-    embeds, mask, _, _ = pipe.encode_prompt(prompt=req.prompt, do_classifier_free_guidance=False, device="cpu")
+    embeds, mask, _, _ = pipe.encode_prompt(req.prompt, do_classifier_free_guidance=False, device="cpu")
     video, audio = pipe(
         prompt_embeds=embeds, prompt_attention_mask=mask, height=64, width=64, num_frames=17, frame_rate=24.0,
         sigmas=SIGMAS, num_inference_steps=len(SIGMAS), guidance_scale=1.0, stg_scale=0.0, modality_scale=1.0,
@@ -132,7 +142,9 @@ def test_last_frame_and_reference_images(adapter, media):
     cond, latents = _generate(adapter, req)
     assert adapter.encoder_counter.calls["vae_encode"] - before == 4
     roles = [(c["role"], c["pixel_frame"], c["strength"]) for c in cond.meta["conditions"]]
-    assert roles == [("first_frame", 0, 1.0), ("last_frame", 16, 1.0), ("reference", 5, 0.5), ("reference", 11, 0.5)]
+    assert roles == [
+        ("first_frame", 0, 1.0), ("last_frame", 16, 1.0), ("reference", 5, 0.5), ("reference", 11, 0.5)
+    ]
     assert latents.tensors["video"].shape == (1, 8, 3, 8, 8)  # keyframe tokens are dropped after sampling
     _, plain = _generate(adapter, _req(first_frame=media["frame"]))
     assert not torch.equal(latents.tensors["video"], plain.tensors["video"])  # they steer the clip
@@ -227,11 +239,16 @@ def test_capability_errors_name_the_field(adapter, media, change, field):
     assert adapter.capabilities.audio_in and adapter.capabilities.audio_out
 
 
-def test_unreadable_audio_names_the_slot(adapter, media):
-    req = _req(memory=(MemorySlot(media["ref"]), MemorySlot(media["ref"], audio=media["frame"])))
+@pytest.mark.parametrize("field", ["memory[1].audio", "first_frame"])
+def test_unreadable_input_names_the_field_before_any_encoder_runs(adapter, media, tmp_path, field):
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not an image")
+    memory = (MemorySlot(media["ref"]), MemorySlot(media["ref"], audio=media["frame"]))  # a PNG has no audio
+    req = _req(memory=memory) if field.startswith("memory") else _req(first_frame=broken)
+    before = adapter.encoder_counter.total
     with pytest.raises(CapabilityError) as err:
         adapter.encode(req)
-    assert err.value.field == "memory[1].audio"
+    assert err.value.field == field and adapter.encoder_counter.total == before
 
 
 # -- tiling -----------------------------------------------------------------------------------------
@@ -280,20 +297,38 @@ def test_tiling_must_align_to_the_vae(adapter, values, field):
 
 
 # -- checkpoint and config --------------------------------------------------------------------------
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
 def test_tiny_checkpoint_is_deterministic_and_reloads(ltx2_checkpoint, tmp_path):
     from diffusers import DiffusionPipeline, LTX2ConditionPipeline
 
     cfg = _config(tmp_path / "ltx2-tiny", tiny={"build_if_missing": True, "seed": 0})
     LTX2Adapter.load(cfg)  # builds the missing checkpoint first
-    files = sorted(p.relative_to(ltx2_checkpoint) for p in ltx2_checkpoint.rglob("*") if p.is_file())
-    assert files == sorted(p.relative_to(cfg.paths.checkpoint) for p in cfg.paths.checkpoint.rglob("*") if p.is_file())
-    _, mismatch, errors = filecmp.cmpfiles(ltx2_checkpoint, cfg.paths.checkpoint, [str(f) for f in files], shallow=False)
+    files = _files(ltx2_checkpoint)
+    assert files == _files(cfg.paths.checkpoint)
+    _, mismatch, errors = filecmp.cmpfiles(ltx2_checkpoint, cfg.paths.checkpoint, files, shallow=False)
     assert not mismatch and not errors
-    assert sum(p.stat().st_size for p in ltx2_checkpoint.rglob("*") if p.is_file()) < 4_000_000
+    assert sum((ltx2_checkpoint / f).stat().st_size for f in files) < 4_000_000
     assert not list(tmp_path.glob(".ltx2-tiny*"))  # no temp dir left behind
     pipe = DiffusionPipeline.from_pretrained(str(ltx2_checkpoint), local_files_only=True)
     assert isinstance(pipe, LTX2ConditionPipeline)
     assert pipe.tokenizer.decode(pipe.tokenizer("Zoë 42").input_ids) == "Zoë 42"  # byte fallback
+
+
+def test_sibling_pipeline_checkpoint_is_rewrapped(adapter, tmp_path):
+    """A checkpoint saved as LTX2Pipeline (same components) loads as LTX2ConditionPipeline."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2ConditionPipeline, LTX2Pipeline
+
+    components = {k: v for k, v in adapter.pipe.components.items() if v is not None}
+    components["scheduler"] = FlowMatchEulerDiscreteScheduler.from_config(components["scheduler"].config)
+    LTX2Pipeline(**components).save_pretrained(tmp_path / "t2v")
+    sibling = LTX2Adapter.load(_config(tmp_path / "t2v"))
+    assert isinstance(sibling.pipe, LTX2ConditionPipeline)
+    req = _req()
+    latents = sibling.denoise(sibling.encode(req), req)
+    assert torch.equal(latents.tensors["video"], adapter.denoise(adapter.encode(req), req).tensors["video"])
 
 
 def test_missing_checkpoint_without_build_is_an_error(tmp_path):

@@ -13,7 +13,6 @@ import functools
 import shutil
 import string
 import tempfile
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -28,10 +27,10 @@ from shotloom.bundle import TensorBundle
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import InferenceConfig, Tiling
 from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress
+from shotloom.families.weights import MODEL_INDEX, place_pipeline, publish_checkpoint
 from shotloom.request import GenerationRequest
 from shotloom.sampler import make_dmd_scheduler, seed_everything
 
-MODEL_INDEX = "model_index.json"
 VACE, I2V, T2V = "WanVACEPipeline", "WanImageToVideoPipeline", "WanPipeline"
 SUPPORTED_PIPELINES = (VACE, I2V, T2V)
 MAX_SEQUENCE_LENGTH = 512  # Wan's default text length; encode and denoise must agree
@@ -120,23 +119,6 @@ def _tiny_components(pipeline: str) -> dict[str, Any]:
     raise ValueError(f"pipeline: unsupported Wan pipeline {pipeline!r}; known: {list(SUPPORTED_PIPELINES)}")
 
 
-def _publish(tmp: Path, out: Path) -> None:
-    """Rename a finished build into place; a reader never sees a half-written checkpoint."""
-    if out.exists() and not (out / MODEL_INDEX).is_file():
-        if any(out.iterdir()):
-            raise FileExistsError(f"{out} exists and is not a diffusers checkpoint; refusing to replace it")
-        out.rmdir()
-    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex}") if out.exists() else None
-    if old is not None:
-        out.rename(old)
-    try:
-        tmp.rename(out)
-    except OSError:
-        if not (out / MODEL_INDEX).is_file():  # otherwise a concurrent builder won the race: fine
-            raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -189,25 +171,6 @@ def _patched(obj: Any, **methods: Callable) -> Iterator[None]:
                 setattr(obj, name, value)
 
 
-def _place(pipe, device: str, offload: bool) -> None:
-    """Move to the device; with offload on CUDA, stream the DiT blocks in with group offloading."""
-    dev = torch.device(device)
-    if not (offload and dev.type == "cuda"):
-        pipe.to(dev)  # on CPU offloading is a no-op: the weights already live there
-        return
-    for name, module in pipe.components.items():
-        if not isinstance(module, torch.nn.Module):
-            continue
-        if name.startswith("transformer"):
-            module.enable_group_offload(
-                onload_device=dev,
-                offload_device=torch.device("cpu"),
-                offload_type="block_level",
-                num_blocks_per_group=1,
-                use_stream=True,
-            )
-        else:
-            module.to(dev)
 
 
 # -- adapter -------------------------------------------------------------------------------------
@@ -229,7 +192,7 @@ class WanAdapter(FamilyAdapter):
 
             getattr(diffusers, pipeline)(**components).save_pretrained(tmp)
             tmp.chmod(0o755)  # mkdtemp makes it private
-            _publish(tmp, out_dir)
+            publish_checkpoint(tmp, out_dir)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # nothing left after a successful rename
         return out_dir
@@ -251,7 +214,7 @@ class WanAdapter(FamilyAdapter):
         _pipeline_kind(pipe)
         pipe.scheduler = make_dmd_scheduler(pipe.scheduler.config, cfg.sampler.sigmas, cfg.sampler.shift)
         pipe.set_progress_bar_config(disable=True)
-        _place(pipe, device, cfg.offload)
+        place_pipeline(pipe, device, cfg.offload)
         adapter = cls(cfg, pipe, device)
         adapter.configure_tiling(cfg.tiling)
         adapter._count_encoders()

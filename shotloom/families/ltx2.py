@@ -1,0 +1,716 @@
+"""LTX-2 (``LTX2ConditionPipeline``): text/image-to-video with a jointly generated audio track.
+
+The stages run in separate processes, so ``encode`` runs every encoder (Gemma + text connectors, VAE
+encode of the image conditions, audio VAE encode of an input track) and stores the results.
+``denoise`` runs its own few-step loop, written after ``LTX2ConditionPipeline.__call__`` (same steps,
+same order; for text-only it is bit-identical to ``__call__``) instead of calling it, because:
+
+* the condition latents come from the bundle, and ``__call__`` can only VAE-encode images itself;
+* DMD re-noises to the next sigma. The scheduler does that to every token, which would put noise
+  back into clean first-frame tokens that the model is told are clean (timestep 0). Here each token
+  is re-noised to its own level, ``sigma_next * (1 - strength)``;
+* an input audio track is held clean (timestep 0, no audio step) while the video cross-attends to
+  it, as diffusers' LTX-2 DFR pipeline does with ``freeze_audio``; ``__call__`` fully re-noises any
+  ``audio_latents`` it is given (``noise_scale`` = first sigma = 1), so it cannot condition on audio.
+
+Everything else (packing, normalisation, first-frame and keyframe conditioning, RoPE coordinates)
+is the pipeline's own code, called as methods.
+
+Conditions, in pixel frames: ``first_frame`` replaces the first latent frame (strength 1);
+``last_frame`` is a keyframe at frame ``num_frames - 1`` (strength 1); memory images are keyframes
+at ``REFERENCE_STRENGTH``, spread evenly over frames 1..num_frames-1. Keyframes are extra tokens
+appended to the sequence and dropped after sampling, so a reference steers the clip through
+attention without becoming a frame of it; spreading them keeps the identity present throughout, and
+half strength lets pose and motion depart from the still. LTX-2 has no other image-reference input.
+
+Audio in: the audio of (at most) one memory slot becomes the clip's soundtrack, cut or padded with
+silence to the clip, and the video is generated to it (audio-to-video). It is not a voice or timbre
+reference: LTX-2 has no such input. The output track is that audio through the audio VAE + vocoder.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import shutil
+import string
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from shotloom.bundle import TensorBundle
+from shotloom.capabilities import Capabilities, CapabilityError
+from shotloom.config import InferenceConfig, Sampler, Tiling
+from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress
+from shotloom.families.weights import MODEL_INDEX, place_pipeline, publish_checkpoint
+from shotloom.request import GenerationRequest
+from shotloom.sampler import make_dmd_scheduler, seed_everything
+
+PIPELINE = "LTX2ConditionPipeline"
+# Checkpoints declaring a sibling pipeline hold the same components; they are re-wrapped.
+SUPPORTED_PIPELINES = (PIPELINE, "LTX2Pipeline", "LTX2ImageToVideoPipeline")
+MAX_REFERENCES = 7
+REFERENCE_STRENGTH = 0.5
+FPS = (24, 25, 50)
+GUIDANCE_RANGE = (1.0, 10.0)
+SIZE_MULTIPLE = 32  # the pipeline's own check_inputs rule
+MEL_N_FFT = 1024  # LTX-2's audio preprocessing (ltx-core AudioProcessor): 1024-point STFT, slaney mel
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# -- tiny checkpoint -----------------------------------------------------------------------------
+_TINY_TEXT_DIM = 32  # Gemma3 hidden size == connector heads x head_dim (2 x 16)
+_TINY_TEXT_LAYERS = 2
+# LTX-2's real scheduler config: the DMD scheduler must override its shifting (tested).
+_LTX2_SCHEDULER = dict(
+    use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05, base_image_seq_len=1024,
+    max_image_seq_len=4096, shift_terminal=0.1, time_shift_type="exponential",
+)
+
+
+def _tiny_tokenizer():
+    """Character-level BPE with byte fallback: builds offline, saves and reloads with from_pretrained."""
+    from transformers import GemmaTokenizer
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
+    chars = ["\u2581", *(string.ascii_letters + string.digits + string.punctuation)]
+    byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
+    vocab = {token: i for i, token in enumerate(specials + chars + byte_tokens)}
+    return GemmaTokenizer(vocab=vocab, merges=[])
+
+
+def _tiny_text_encoder(vocab_size: int):
+    from transformers import (
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3TextConfig,
+        SiglipVisionConfig,
+    )
+
+    text = Gemma3TextConfig(
+        vocab_size=vocab_size, hidden_size=_TINY_TEXT_DIM, intermediate_size=64,
+        num_hidden_layers=_TINY_TEXT_LAYERS, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+        max_position_embeddings=2048, sliding_window=64, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+    )
+    vision = SiglipVisionConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16,
+        patch_size=8,
+    )
+    config = Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=4,
+        boi_token_index=2, eoi_token_index=1,
+    )
+    return Gemma3ForConditionalGeneration(config)
+
+
+def _tiny_components() -> dict[str, Any]:
+    """8x spatial/temporal video VAE (patch_size 4), 4x audio VAE, 240x vocoder (16 kHz mel -> 24 kHz)."""
+    from diffusers import (
+        AutoencoderKLLTX2Audio,
+        AutoencoderKLLTX2Video,
+        FlowMatchEulerDiscreteScheduler,
+        LTX2VideoTransformer3DModel,
+    )
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+
+    tokenizer = _tiny_tokenizer()
+    connector = dict(attention_head_dim=16, num_attention_heads=2, num_layers=1, num_learnable_registers=None)
+    connectors = LTX2TextConnectors(
+        caption_channels=_TINY_TEXT_DIM, text_proj_in_factor=_TINY_TEXT_LAYERS + 1,
+        **{f"{side}_connector_{k}": v for side in ("video", "audio") for k, v in connector.items()},
+        connector_rope_base_seq_len=32, rope_double_precision=False, rope_type="split",
+    )
+    transformer = LTX2VideoTransformer3DModel(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+        vae_scale_factors=(8, 8, 8), audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
+        audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2,
+        caption_channels=_TINY_TEXT_DIM, rope_double_precision=False, rope_type="split",
+    )
+    vae = AutoencoderKLLTX2Video(
+        latent_channels=8, block_out_channels=(8, 8, 8), down_block_types=("LTX2VideoDownBlock3D",) * 3,
+        layers_per_block=(1, 1, 1, 1), spatio_temporal_scaling=(True, True, True),
+        downsample_type=("temporal", "temporal", "spatiotemporal"), decoder_block_out_channels=(8, 8, 8),
+        decoder_layers_per_block=(1, 1, 1, 1), decoder_spatio_temporal_scaling=(True, True, True),
+        decoder_inject_noise=(False,) * 4, upsample_type=("spatiotemporal", "temporal", "temporal"),
+        upsample_residual=(False,) * 3, upsample_factor=(1,) * 3, patch_size=4, patch_size_t=1,
+        spatial_compression_ratio=8, temporal_compression_ratio=8,
+    )
+    # Packed audio token width = latent_channels x mel_bins / 4 = 4 = base_channels (the latent stats' size).
+    audio_vae = AutoencoderKLLTX2Audio(
+        base_channels=4, output_channels=2, ch_mult=(1, 1, 1), num_res_blocks=1, in_channels=2, resolution=32,
+        latent_channels=2, sample_rate=16000, mel_hop_length=160, mel_bins=8,
+    )
+    # 100 mel frames/s x (6 x 5 x 8) = 24000 samples/s; kernel - stride even keeps lengths exact.
+    vocoder = LTX2Vocoder(
+        in_channels=2 * 8, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[16, 15, 16],
+        upsample_factors=[6, 5, 8], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3]],
+        output_sampling_rate=24000,
+    )
+    return dict(
+        scheduler=FlowMatchEulerDiscreteScheduler(**_LTX2_SCHEDULER), vae=vae, audio_vae=audio_vae,
+        text_encoder=_tiny_text_encoder(len(tokenizer)), tokenizer=tokenizer, connectors=connectors,
+        transformer=transformer, vocoder=vocoder,
+    )
+
+
+
+
+# -- helpers -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _ImageCondition:
+    role: str  # first_frame | last_frame | reference
+    field: str  # the request field it came from (named in errors)
+    path: Path
+    pixel_frame: int
+    strength: float
+
+
+@dataclass(frozen=True)
+class _Dims:
+    frames: int  # latent frames
+    height: int  # latent height
+    width: int  # latent width
+    audio_frames: int  # audio latent frames
+
+
+@dataclass
+class _Video:
+    latents: torch.Tensor  # packed (1, tokens, C): the clip's tokens, then appended keyframe tokens
+    mask: torch.Tensor  # (1, tokens, 1) conditioning strength: 0 = generate, 1 = keep clean
+    clean: torch.Tensor  # clean condition latents where mask > 0
+    coords: torch.Tensor  # RoPE positions of every token
+    clip_tokens: int  # the clip's own tokens; keyframe tokens are dropped after sampling
+
+
+
+
+@contextmanager
+def _untiled(vae) -> Iterator[None]:
+    """Encode conditions untiled: they must not depend on decode tiling (not part of the cache key)."""
+    saved = vae.use_tiling, vae.use_framewise_encoding, vae.use_framewise_decoding
+    vae.use_tiling = vae.use_framewise_encoding = vae.use_framewise_decoding = False
+    try:
+        yield
+    finally:
+        vae.use_tiling, vae.use_framewise_encoding, vae.use_framewise_decoding = saved
+
+
+@contextmanager
+def _reading(field: str) -> Iterator[None]:
+    """Name the request field when its input file cannot be read."""
+    import av
+
+    try:
+        yield
+    except (OSError, ValueError, av.FFmpegError) as e:
+        raise CapabilityError(field, f"cannot read {e}") from e
+
+
+def _open_rgb(path: Path) -> Image.Image:
+    with Image.open(path) as im:
+        return im.convert("RGB")
+
+
+def _fit(audio: np.ndarray, samples: int) -> np.ndarray:
+    """Trim or pad with silence to exactly ``samples``."""
+    if audio.shape[1] >= samples:
+        return audio[:, :samples]
+    return np.pad(audio, ((0, 0), (0, samples - audio.shape[1])))
+
+
+def _read_audio(path: Path, rate: int, channels: int, limit: int) -> np.ndarray:
+    """The first audio stream of any file FFmpeg reads, resampled, at most ``limit`` samples per channel."""
+    import av
+
+    layout = {1: "mono", 2: "stereo"}[channels]
+    resampler = av.AudioResampler(format="fltp", layout=layout, rate=rate)
+    parts: list[np.ndarray] = []
+    with av.open(str(path)) as container:
+        if not container.streams.audio:
+            raise ValueError(f"{path} has no audio stream")
+        for frame in [*container.decode(container.streams.audio[0]), None]:  # None flushes the resampler
+            parts += [out.to_ndarray() for out in resampler.resample(frame)]
+            if sum(part.shape[1] for part in parts) >= limit:
+                break
+    if not parts:
+        raise ValueError(f"{path} has an empty audio track")
+    return np.concatenate(parts, axis=1)[:, :limit].astype(np.float32)
+
+
+def _log_mel(wave: torch.Tensor, rate: int, hop: int, mel_bins: int) -> torch.Tensor:
+    """(channels, samples) -> (1, channels, frames, mel_bins) log-mel, as LTX-2's audio VAE was trained on."""
+    from transformers.audio_utils import mel_filter_bank
+
+    spec = torch.stft(
+        wave, MEL_N_FFT, hop_length=hop, win_length=MEL_N_FFT, window=torch.hann_window(MEL_N_FFT),
+        center=True, pad_mode="reflect", return_complex=True,
+    ).abs()  # (channels, freqs, frames), power 1
+    bank = mel_filter_bank(
+        num_frequency_bins=MEL_N_FFT // 2 + 1, num_mel_filters=mel_bins, min_frequency=0.0,
+        max_frequency=rate / 2, sampling_rate=rate, norm="slaney", mel_scale="slaney",
+    )
+    mel = torch.from_numpy(bank.T).float() @ spec
+    return torch.log(mel.clamp(min=1e-5)).transpose(1, 2).unsqueeze(0)
+
+
+def _guided_x0(sample: torch.Tensor, pred: torch.Tensor, sigma: torch.Tensor, scale: float) -> torch.Tensor:
+    """Velocity -> x0; with a [negative, positive] batch, CFG in x0 space (the pipeline's delta form)."""
+    if pred.shape[0] == 1:
+        return sample - pred * sigma
+    uncond, cond = pred.chunk(2)
+    x0 = sample - cond * sigma
+    return x0 + (scale - 1) * (x0 - (sample - uncond * sigma))
+
+
+def _check_sigmas(scheduler, sampler: Sampler) -> None:
+    """The scheduler must reproduce the YAML's sigma list exactly (after ``shift``)."""
+    probe = copy.deepcopy(scheduler)
+    probe.set_timesteps(sigmas=sampler.sigmas)
+    s = np.asarray(sampler.sigmas, dtype=np.float64)
+    expected = sampler.shift * s / (1 + (sampler.shift - 1) * s)
+    got = probe.sigmas[:-1].double().cpu().numpy()
+    if got.shape != expected.shape or not np.allclose(got, expected, atol=1e-6):
+        raise ValueError(f"sampler.sigmas: the scheduler config turns {sampler.sigmas} into {got.tolist()}")
+
+
+# -- adapter -------------------------------------------------------------------------------------
+class LTX2Adapter(FamilyAdapter):
+    family = "ltx2"
+
+    # -- checkpoint -----------------------------------------------------------------------------
+    @classmethod
+    def build_tiny_checkpoint(cls, out_dir: Path, seed: int = 0) -> Path:
+        """A tiny random LTX2ConditionPipeline (~1 MB); same seed -> identical files."""
+        from diffusers import LTX2ConditionPipeline
+
+        out_dir = Path(out_dir)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+        try:
+            with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG alone
+                torch.manual_seed(seed)
+                components = _tiny_components()
+            LTX2ConditionPipeline(**components).save_pretrained(tmp)
+            tmp.chmod(0o755)  # mkdtemp makes it private
+            publish_checkpoint(tmp, out_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing left after a successful rename
+        return out_dir
+
+    @classmethod
+    def load(cls, cfg: InferenceConfig, device: str = "cpu") -> LTX2Adapter:
+        ckpt = Path(cfg.paths.checkpoint)
+        if not (ckpt / MODEL_INDEX).is_file():
+            if not cfg.tiny.build_if_missing:
+                raise FileNotFoundError(f"paths.checkpoint: no {MODEL_INDEX} in {ckpt}")
+            cls.build_tiny_checkpoint(ckpt, seed=cfg.tiny.seed)
+        from diffusers import DiffusionPipeline, LTX2ConditionPipeline
+
+        # Audio VAE and vocoder stay float32: small, and the waveform degrades audibly in half precision.
+        dtype = {"default": DTYPES[cfg.dtype], "audio_vae": torch.float32, "vocoder": torch.float32}
+        pipe = DiffusionPipeline.from_pretrained(str(ckpt), local_files_only=True, dtype=dtype)
+        name = type(pipe).__name__
+        if name not in SUPPORTED_PIPELINES:
+            raise ValueError(f"paths.checkpoint: {name} is not an LTX-2 pipeline ({SUPPORTED_PIPELINES})")
+        if name != PIPELINE:  # same components; not from_pipe, which casts everything to float32
+            params = inspect.signature(LTX2ConditionPipeline.__init__).parameters
+            pipe = LTX2ConditionPipeline(**{k: v for k, v in pipe.components.items() if k in params})
+        pipe.scheduler = make_dmd_scheduler(pipe.scheduler.config, cfg.sampler.sigmas, cfg.sampler.shift)
+        if pipe.audio_scheduler is not None:
+            pipe.audio_scheduler = make_dmd_scheduler(
+                pipe.audio_scheduler.config, cfg.sampler.sigmas, cfg.sampler.shift
+            )
+        _check_sigmas(pipe.scheduler, cfg.sampler)
+        pipe.set_progress_bar_config(disable=True)
+        place_pipeline(pipe, device, cfg.offload)
+        adapter = cls(cfg, pipe, device)
+        adapter.configure_tiling(cfg.tiling)
+        adapter._count_encoders()
+        return adapter
+
+    def configure_tiling(self, tiling: Tiling) -> None:
+        """Tiled decode in space and time; tiles and strides must fall on latent boundaries."""
+        vae = self.pipe.vae
+        if not tiling.enabled:
+            vae.disable_tiling()
+            vae.use_framewise_decoding = False
+            return
+        spatial, temporal = vae.spatial_compression_ratio, vae.temporal_compression_ratio
+        ratios = dict(tile_px=spatial, stride_px=spatial, tile_frames=temporal, stride_frames=temporal)
+        for field, ratio in ratios.items():
+            value = getattr(tiling, field)
+            if value % ratio:
+                raise ValueError(f"tiling.{field}: must be a multiple of the VAE ratio {ratio}, got {value}")
+        vae.enable_tiling(
+            tile_sample_min_height=tiling.tile_px, tile_sample_min_width=tiling.tile_px,
+            tile_sample_min_num_frames=tiling.tile_frames, tile_sample_stride_height=tiling.stride_px,
+            tile_sample_stride_width=tiling.stride_px, tile_sample_stride_num_frames=tiling.stride_frames,
+        )
+        vae.use_framewise_decoding = True  # LTX-2's VAE tiles time only in "framewise" decoding
+
+    def _count_encoders(self) -> None:
+        """Count real encoder forwards with pre-hooks on the encoder modules."""
+        pipe = self.pipe
+        modules = {
+            "text_encoder": pipe.text_encoder, "connectors": pipe.connectors,
+            "vae_encode": pipe.vae.encoder, "audio_vae_encode": pipe.audio_vae.encoder,
+        }
+        for name, module in modules.items():
+            module.register_forward_pre_hook(lambda _m, _a, n=name: self.encoder_counter.hit(n))
+
+    # -- capabilities ---------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> Capabilities:
+        pipe = self.pipe
+        spatial = pipe.vae_spatial_compression_ratio * pipe.transformer_spatial_patch_size
+        return Capabilities(
+            max_reference_images=MAX_REFERENCES,
+            first_frame=True,
+            last_frame=True,
+            audio_in=True,
+            audio_out=True,
+            frame_multiple=pipe.vae_temporal_compression_ratio * pipe.transformer_temporal_patch_size,
+            size_multiple=math.lcm(SIZE_MULTIPLE, spatial),
+            fps=FPS,
+            guidance_range=GUIDANCE_RANGE,
+        )
+
+    def check(self, req: GenerationRequest) -> None:
+        super().check(req)
+        multiple = self.capabilities.frame_multiple
+        if req.num_frames <= multiple:  # one latent frame: nothing after the first frame to anchor
+            for field, given in (("last_frame", req.last_frame is not None), ("memory", bool(req.memory))):
+                if given:
+                    raise CapabilityError(field, f"needs num_frames >= {multiple + 1}, got {req.num_frames}")
+        with_audio = [i for i, slot in enumerate(req.memory) if slot.audio is not None]
+        if len(with_audio) > 1:
+            raise CapabilityError(
+                f"memory[{with_audio[1]}].audio", "LTX-2 conditions on one audio track: give it in one slot"
+            )
+
+    # -- encode ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def encode(self, req: GenerationRequest) -> TensorBundle:
+        """Text (+ negative when guidance > 1), image condition latents, the input audio's latents."""
+        self.check(req)
+        device = torch.device(self.device)
+        # Read every input first: a bad file fails before any encoder runs.
+        conditions = self._image_conditions(req)
+        images = []
+        for c in conditions:
+            with _reading(c.field):
+                images.append(_open_rgb(c.path))
+        audio = self._read_slot_audio(req)
+        tensors = self._encode_text(req, device)
+        with _untiled(self.pipe.vae):
+            for i, image in enumerate(images):
+                tensors[f"image_latents.{i}"] = self._encode_image(image, req, device)
+        if audio is not None:
+            tensors["audio_latents"] = self._encode_audio(audio, req, device)
+        meta = {
+            "family": self.family, "width": req.width, "height": req.height, "num_frames": req.num_frames,
+            "fps": req.fps, "uses_negative": req.guidance_scale > 1.0, "audio_in": audio is not None,
+            "conditions": [
+                {"role": c.role, "pixel_frame": c.pixel_frame, "strength": c.strength} for c in conditions
+            ],
+        }
+        return TensorBundle({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, meta)
+
+    def _encode_text(self, req: GenerationRequest, device: torch.device) -> dict[str, torch.Tensor]:
+        """Gemma hidden states, then the connectors: their output is ~25x smaller than Gemma's layer stack."""
+        pipe = self.pipe
+        use_negative = req.guidance_scale > 1.0
+        embeds, mask, neg_embeds, neg_mask = pipe.encode_prompt(
+            prompt=req.prompt, negative_prompt=req.negative_prompt, do_classifier_free_guidance=use_negative,
+            device=device,
+        )
+        out: dict[str, torch.Tensor] = {}
+        for prefix, e, m in (("", embeds, mask), ("negative_", neg_embeds, neg_mask)):
+            if e is None:
+                continue
+            video, audio, connector_mask = pipe.connectors(e, m, padding_side=pipe.tokenizer_padding_side)
+            out[f"{prefix}prompt_embeds"] = video
+            out[f"{prefix}audio_prompt_embeds"] = audio
+            out[f"{prefix}prompt_attention_mask"] = connector_mask
+        return out
+
+    @staticmethod
+    def _image_conditions(req: GenerationRequest) -> list[_ImageCondition]:
+        last = req.num_frames - 1
+        out = []
+        if req.first_frame is not None:
+            out.append(_ImageCondition("first_frame", "first_frame", req.first_frame, 0, 1.0))
+        if req.last_frame is not None:
+            out.append(_ImageCondition("last_frame", "last_frame", req.last_frame, last, 1.0))
+        n = len(req.memory)
+        for i, slot in enumerate(req.memory):
+            frame = max(1, round((i + 1) * last / (n + 1)))  # evenly spread, never frame 0 (that overwrites)
+            field = f"memory[{i}].image"
+            out.append(_ImageCondition("reference", field, slot.image, frame, REFERENCE_STRENGTH))
+        return out
+
+    def _encode_image(self, image: Image.Image, req: GenerationRequest, device: torch.device) -> torch.Tensor:
+        """The pipeline's own preprocessing (H.264 CRF re-compression, cover-resize, crop) + VAE mode."""
+        from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
+
+        pipe = self.pipe
+        frames = pipe.preprocess_conditions(
+            LTX2VideoCondition(frames=image), req.height, req.width, req.num_frames, device=device
+        )[0][0]
+        latents = pipe.vae.encode(frames).latent_dist.mode()
+        return pipe._normalize_latents(latents, pipe.vae.latents_mean, pipe.vae.latents_std).float()
+
+    def _read_slot_audio(self, req: GenerationRequest) -> np.ndarray | None:
+        """The memory slot's audio at the audio VAE's rate, covering exactly the clip's audio latents."""
+        slot = next((i for i, s in enumerate(req.memory) if s.audio is not None), None)
+        if slot is None:
+            return None
+        pipe = self.pipe
+        ratio, hop = pipe.audio_vae_temporal_compression_ratio, pipe.audio_hop_length
+        span = self._dims(req).audio_frames * ratio * hop
+        channels = pipe.audio_vae.config.in_channels
+        with _reading(f"memory[{slot}].audio"):
+            wave = _read_audio(req.memory[slot].audio, pipe.audio_sampling_rate, channels, span)
+        return _fit(wave, span)  # silence past the input's end
+
+    def _encode_audio(self, wave: np.ndarray, req: GenerationRequest, device: torch.device) -> torch.Tensor:
+        """Log-mel, then the audio VAE: raw latents (1, C, frames, mel), as __call__'s ``audio_latents``."""
+        pipe = self.pipe
+        avae = pipe.audio_vae
+        wave_t = torch.from_numpy(wave)
+        mel = _log_mel(wave_t, pipe.audio_sampling_rate, pipe.audio_hop_length, pipe.audio_mel_bins)
+        latents = avae.encode(mel.to(device, avae.dtype)).latent_dist.mode()
+        return latents[:, :, : self._dims(req).audio_frames].float()
+
+    # -- denoise --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def denoise(
+        self, cond: TensorBundle, req: GenerationRequest, progress: Progress | None = None
+    ) -> TensorBundle:
+        """Few-step DMD from ``cond`` alone; runs no encoder. Same seed -> bit-identical latents."""
+        self._check_cond(cond, req)
+        pipe = self.pipe
+        device = torch.device(self.device)
+        t = {k: v.to(device) for k, v in cond.tensors.items()}
+        dims = self._dims(req)
+        # 1. Timesteps: the YAML's sigmas (pinned on the DMD scheduler).
+        sched = pipe.scheduler
+        audio_sched = pipe.audio_scheduler if pipe.audio_scheduler is not None else copy.deepcopy(sched)
+        for s in (sched, audio_sched):
+            s.set_timesteps(sigmas=self.cfg.sampler.sigmas, device=device)
+        # 2. Noise from the generator (video, then audio, as __call__); DMD re-noise from the global RNG.
+        generator = seed_everything(req.seed)
+        video = self._prepare_video(t, cond.meta["conditions"], req, dims, generator, float(sched.sigmas[0]))
+        held = "audio_latents" in t
+        audio = self._prepare_audio(t.get("audio_latents"), dims, generator, device)
+        # 3. Sample.
+        latents, audio = self._sample(t, video, audio, held, (sched, audio_sched), req, dims, progress)
+        # 4. Unpack and denormalise, as __call__ does for output_type="latent".
+        vae, avae = pipe.vae, pipe.audio_vae
+        latents = pipe._unpack_latents(
+            latents[:, : video.clip_tokens], dims.frames, dims.height, dims.width,
+            pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size,
+        )
+        latents = pipe._denormalize_latents(
+            latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
+        )
+        audio = pipe._denormalize_audio_latents(audio, avae.latents_mean, avae.latents_std)
+        audio = pipe._unpack_audio_latents(audio, dims.audio_frames, num_mel_bins=self._latent_mel_bins)
+        meta = {
+            "family": self.family, "kind": "latents", "seed": req.seed, "shift": self.cfg.sampler.shift,
+            "sigmas": pipe.scheduler.sigmas[:-1].tolist(), "shape": list(latents.shape),
+            "audio_shape": list(audio.shape), "audio_held": held, "width": req.width, "height": req.height,
+            "num_frames": req.num_frames, "fps": req.fps,
+        }
+        tensors = {"video": latents.float().cpu().contiguous(), "audio": audio.float().cpu().contiguous()}
+        return TensorBundle(tensors, meta)
+
+    def _check_cond(self, cond: TensorBundle, req: GenerationRequest) -> None:
+        meta = cond.meta
+        if meta.get("family") != self.family:
+            raise ValueError(f"conditioning was encoded for {meta.get('family')!r}, not {self.family!r}")
+        for name in ("width", "height", "num_frames", "fps"):
+            given = getattr(req, name)
+            if meta.get(name) != given:
+                raise ValueError(f"{name}: conditioning was encoded at {meta.get(name)}, request has {given}")
+        if req.guidance_scale > 1.0 and "negative_prompt_embeds" not in cond.tensors:
+            raise ValueError("guidance_scale: conditioning has no negative prompt (encoded with guidance 1)")
+
+    @property
+    def _latent_mel_bins(self) -> int:
+        return self.pipe.audio_mel_bins // self.pipe.audio_vae_mel_compression_ratio
+
+    def _dims(self, req: GenerationRequest) -> _Dims:
+        pipe = self.pipe
+        ratio = float(pipe.audio_vae_temporal_compression_ratio)
+        per_second = pipe.audio_sampling_rate / pipe.audio_hop_length / ratio
+        return _Dims(
+            frames=(req.num_frames - 1) // pipe.vae_temporal_compression_ratio + 1,
+            height=req.height // pipe.vae_spatial_compression_ratio,
+            width=req.width // pipe.vae_spatial_compression_ratio,
+            audio_frames=round(req.num_frames / req.fps * per_second),
+        )
+
+    def _prepare_video(
+        self, t: dict[str, torch.Tensor], conditions: list[dict], req: GenerationRequest, dims: _Dims,
+        generator, noise_scale: float,
+    ) -> _Video:
+        """``LTX2ConditionPipeline.prepare_latents`` with the condition latents taken from the bundle."""
+        pipe = self.pipe
+        device = torch.device(self.device)
+        p, pt = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
+        shape = (1, pipe.transformer.config.in_channels, dims.frames, dims.height, dims.width)
+        latents = pipe._pack_latents(torch.zeros(shape, device=device), p, pt)
+        mask = pipe._pack_latents(torch.zeros((1, 1, *shape[2:]), device=device), p, pt)
+        packed = [pipe._pack_latents(t[f"image_latents.{i}"].float(), p, pt) for i in range(len(conditions))]
+        first = [i for i, c in enumerate(conditions) if c["pixel_frame"] == 0]
+        # Frame-0 conditions replace the first latent frame's tokens.
+        strengths = [float(c["strength"]) for c in conditions]
+        latents, mask, clean = pipe.apply_first_frame_conditioning(
+            latents, mask, [packed[i] for i in first], [strengths[i] for i in first], [0] * len(first),
+            latent_height=dims.height, latent_width=dims.width,
+        )
+        coords = pipe.transformer.rope.prepare_video_coords(
+            1, dims.frames, dims.height, dims.width, device, fps=float(req.fps)
+        )
+        clip_tokens = latents.shape[1]
+        # The others are keyframes: tokens appended at their pixel frame, with mask = strength.
+        for i, c in enumerate(conditions):
+            if c["pixel_frame"] == 0:
+                continue
+            kf_shape = t[f"image_latents.{i}"].shape
+            kf_coords = pipe._prepare_keyframe_coords(
+                kf_shape[2], kf_shape[3], kf_shape[4], pixel_frame_idx=c["pixel_frame"], num_pixel_frames=1,
+                fps=float(req.fps), device=device,
+            )
+            latents, clean = torch.cat([latents, packed[i]], 1), torch.cat([clean, packed[i]], 1)
+            kf_mask = torch.full((*packed[i].shape[:2], 1), strengths[i], device=device)
+            mask = torch.cat([mask, kf_mask], 1)
+            coords = torch.cat([coords, kf_coords], dim=2)
+        noise = _randn(latents.shape, generator, device)
+        scaled = (1.0 - mask) * noise_scale  # conditioned tokens start (1 - strength) of the way to noise
+        return _Video(noise * scaled + latents * (1 - scaled), mask, clean, coords, clip_tokens)
+
+    def _prepare_audio(
+        self, held: torch.Tensor | None, dims: _Dims, generator, device: torch.device
+    ) -> torch.Tensor:
+        """Packed audio latents: the input track (normalised, kept clean) or noise, as __call__ draws it."""
+        pipe = self.pipe
+        if held is not None:
+            avae = pipe.audio_vae
+            packed = pipe._pack_audio_latents(held.float())
+            return pipe._normalize_audio_latents(packed, avae.latents_mean, avae.latents_std)
+        shape = (1, dims.audio_frames, pipe.audio_latent_channels * self._latent_mel_bins)
+        return _randn(shape, generator, device)
+
+    def _sample(
+        self, t: dict[str, torch.Tensor], video: _Video, audio: torch.Tensor, held: bool, schedulers: tuple,
+        req: GenerationRequest, dims: _Dims, progress: Progress | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The denoising loop of ``__call__`` (no STG / modality guidance: DMD checkpoints are distilled)."""
+        pipe = self.pipe
+        device = torch.device(self.device)
+        sched, audio_sched = schedulers
+        names = ("prompt_embeds", "audio_prompt_embeds", "prompt_attention_mask")
+        if req.guidance_scale > 1.0:  # CFG batch: [negative, positive]
+            text = [torch.cat([t[f"negative_{n}"], t[n]]) for n in names]
+        else:
+            text = [t[n] for n in names]
+        batch = text[0].shape[0]
+
+        def rep(x: torch.Tensor) -> torch.Tensor:
+            return x.repeat((batch,) + (1,) * (x.ndim - 1))
+
+        video_coords, mask_in = rep(video.coords), rep(video.mask)
+        audio_coords = rep(pipe.transformer.audio_rope.prepare_audio_coords(1, dims.audio_frames, device))
+        latents, dtype = video.latents, text[0].dtype
+        steps = len(sched.timesteps)
+        for i, step_t in enumerate(sched.timesteps):
+            timestep = step_t.expand(batch)
+            audio_timestep = torch.zeros_like(timestep) if held else audio_sched.timesteps[i].expand(batch)
+            pred_video, pred_audio = pipe.transformer(
+                hidden_states=rep(latents).to(dtype), audio_hidden_states=rep(audio).to(dtype),
+                encoder_hidden_states=text[0], audio_encoder_hidden_states=text[1],
+                timestep=timestep.unsqueeze(-1) * (1 - mask_in.squeeze(-1)), audio_timestep=audio_timestep,
+                sigma=timestep, audio_sigma=audio_timestep, encoder_attention_mask=text[2],
+                audio_encoder_attention_mask=text[2], num_frames=dims.frames, height=dims.height,
+                width=dims.width, fps=float(req.fps), audio_num_frames=dims.audio_frames,
+                video_coords=video_coords, audio_coords=audio_coords, use_cross_timestep=True,
+                return_dict=False,
+            )
+            sigma = sched.sigmas[i]
+            # Each token's own noise level: a token held at strength s sits at (1 - s) * sigma.
+            x0 = _guided_x0(latents, pred_video.float(), sigma * (1 - video.mask), req.guidance_scale)
+            x0 = (x0 * (1 - video.mask) + video.clean * video.mask).to(x0.dtype)
+            renoised = sched.step((latents - x0) / sigma, step_t, latents, return_dict=False)[0]
+            # Re-noise each token to sigma_next * (1 - s); lerp is exact at weights 0 and 1.
+            latents = torch.lerp(x0, renoised, 1 - video.mask)
+            if not held:
+                audio_sigma = audio_sched.sigmas[i]
+                audio_x0 = _guided_x0(audio, pred_audio.float(), audio_sigma, req.guidance_scale)
+                velocity = (audio - audio_x0) / audio_sigma
+                audio = audio_sched.step(velocity, step_t, audio, return_dict=False)[0]
+            if progress is not None:
+                progress(i + 1, steps)  # may raise (cancel): propagates
+        return latents, audio
+
+    # -- decode ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def decode(
+        self, latents: TensorBundle, req: GenerationRequest, progress: Progress | None = None
+    ) -> DecodedMedia:
+        """VAE decode (tiled per config) to uint8 frames; audio VAE + vocoder to the clip's exact duration."""
+        frames = self._decode_video(latents.tensors["video"], req)
+        if progress is not None:
+            progress(1, 2)
+        audio, rate = self._decode_audio(latents.tensors["audio"], req)
+        if progress is not None:
+            progress(2, 2)
+        return DecodedMedia(frames=frames, audio=audio, sample_rate=rate)
+
+    def _decode_video(self, z: torch.Tensor, req: GenerationRequest) -> np.ndarray:
+        pipe = self.pipe
+        vae = pipe.vae
+        z = z.to(self.device, vae.dtype)
+        # __call__'s defaults: decode_timestep 0 and no decode noise (used only by timestep-conditioned VAEs).
+        temb = None
+        if vae.config.timestep_conditioning:
+            temb = torch.zeros(z.shape[0], device=z.device, dtype=z.dtype)
+        video = vae.decode(z, temb, return_dict=False)[0]
+        frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]  # (F, H, W, 3) in [0, 1]
+        frames = (np.clip(frames, 0.0, 1.0) * 255.0).round().astype(np.uint8)
+        expected = (req.num_frames, req.height, req.width, 3)
+        if frames.shape != expected:
+            raise RuntimeError(f"decoded {frames.shape}, expected {expected}: latents do not fit the request")
+        return frames
+
+    def _decode_audio(self, z: torch.Tensor, req: GenerationRequest) -> tuple[np.ndarray, int]:
+        """(channels, samples) float32 in [-1, 1], trimmed/padded to round(num_frames / fps * rate).
+
+        The causal audio VAE yields 4 x frames - 3 mel frames and audio latents run at 25/s, so the raw
+        waveform is a few tens of milliseconds off the video's duration; the tail is padded with silence
+        or trimmed so that audio and video end together.
+        """
+        pipe = self.pipe
+        mel = pipe.audio_vae.decode(z.to(self.device, pipe.audio_vae.dtype), return_dict=False)[0]
+        wave = pipe.vocoder(mel.to(pipe.vocoder.dtype))[0].float().cpu().numpy()
+        rate = int(pipe.vocoder.config.output_sampling_rate)
+        samples = round(req.num_frames / req.fps * rate)
+        return _fit(np.clip(wave, -1.0, 1.0), samples).astype(np.float32), rate
+
+
+def _randn(shape: tuple[int, ...], generator, device: torch.device) -> torch.Tensor:
+    from diffusers.utils.torch_utils import randn_tensor
+
+    return randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
+
+
+__all__ = ["LTX2Adapter", "MAX_REFERENCES", "REFERENCE_STRENGTH", "SUPPORTED_PIPELINES"]

@@ -1,0 +1,51 @@
+"""Checkpoint publishing and weight placement shared by every family."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import torch
+
+MODEL_INDEX = "model_index.json"
+
+
+def publish_checkpoint(tmp: Path, out: Path) -> None:
+    """Rename a finished build into place; a reader never sees a half-written checkpoint."""
+    if out.exists() and not (out / MODEL_INDEX).is_file():
+        if any(out.iterdir()):
+            raise FileExistsError(f"{out} exists and is not a diffusers checkpoint; refusing to replace it")
+        out.rmdir()
+    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex}") if out.exists() else None
+    if old is not None:
+        out.rename(old)
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not (out / MODEL_INDEX).is_file():  # otherwise a concurrent builder won the race: fine
+            raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def place_pipeline(pipe, device: str, offload: bool) -> None:
+    """Move to the device; with offload on CUDA, stream the DiT blocks in with group offloading."""
+    dev = torch.device(device)
+    if not (offload and dev.type == "cuda"):
+        pipe.to(dev)  # on CPU offloading is a no-op: the weights already live there
+        return
+    for name, module in pipe.components.items():
+        if not isinstance(module, torch.nn.Module):
+            continue
+        if name.startswith("transformer"):  # Wan 2.2 has transformer_2 as well
+            module.enable_group_offload(
+                onload_device=dev,
+                offload_device=torch.device("cpu"),
+                offload_type="block_level",
+                num_blocks_per_group=1,
+                use_stream=True,
+            )
+        else:
+            module.to(dev)
