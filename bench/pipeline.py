@@ -30,8 +30,10 @@ CASES = [
 ]
 
 
-def case_config(tmp: Path, family: str, label: str, kind: str) -> Path:
+def case_config(tmp: Path, family: str, label: str, kind: str, width: int) -> Path:
     base = yaml.safe_load((REPO / "configs" / f"inference.{family}-tiny.yaml").read_text())
+    tile = max(32, width // 2)  # two tiles across at every size: the tiled path runs, at a sane cost
+    base["tiling"].update(tile_px=tile, stride_px=tile * 3 // 4)
     base["paths"]["cache_dir"] = str(tmp / f"cache-{family}-{label}-{kind}")  # cold cache for each
     path = tmp / f"{family}-{label}-{kind}.yaml"
     path.write_text(yaml.safe_dump(base))
@@ -40,7 +42,7 @@ def case_config(tmp: Path, family: str, label: str, kind: str) -> Path:
 
 def run_case(tmp: Path, family: str, label: str, w: int, h: int, n: int) -> dict:
     prompt, seed = "a lighthouse in a storm", 11
-    cli_cfg = case_config(tmp, family, label, "cli")
+    cli_cfg = case_config(tmp, family, label, "cli", w)
     cli = [
         sys.executable,
         "inference.py",
@@ -61,7 +63,7 @@ def run_case(tmp: Path, family: str, label: str, w: int, h: int, n: int) -> dict
     ]
     cli_s, cli_mib, _ = run_measured(cli)
 
-    dg_cfg = case_config(tmp, family, label, "dagster")
+    dg_cfg = case_config(tmp, family, label, "dagster", w)
     run_cfg = tmp / "run.yaml"
     run_cfg.write_text(
         yaml.safe_dump(

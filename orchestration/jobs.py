@@ -6,9 +6,15 @@ from dagster import in_process_executor, job
 
 from ops.merge import merge_op
 from ops.shot import condition_op, decode_op, denoise_op, write_op
+from orchestration.launcher import GPU_TAG
 
 
-@job(executor_def=in_process_executor, description="Generate one shot: condition, denoise, decode, write.")
+# The gpu tag sends r2v to a device worker and counts it against the queue's device limit.
+@job(
+    executor_def=in_process_executor,
+    description="Generate one shot: condition, denoise, decode, write.",
+    tags={GPU_TAG: "1"},
+)
 def r2v():
     write_op(decode_op(denoise_op(condition_op())))
 

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +34,8 @@ def dagster_dev(tmp_path, wan_config):
     home.mkdir()
     env = {
         **os.environ,
+        # the venv may not be activated (make test): dagster dev starts its children from PATH
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "DAGSTER_HOME": str(home),
         "SHOTLOOM_INFERENCE_CONFIG": str(wan_config),
         "SHOTLOOM_MEDIA_ROOT": str(tmp_path / "media"),
@@ -40,7 +43,16 @@ def dagster_dev(tmp_path, wan_config):
     }
     log = open(tmp_path / "dagster-dev.log", "wb")
     proc = subprocess.Popen(
-        ["dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+        [
+            str(Path(sys.executable).parent / "dagster"),
+            "dev",
+            "-w",
+            "workspace.yaml",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ],
         cwd=REPO,
         env=env,
         stdout=log,

@@ -1,0 +1,291 @@
+"""DeviceRunLauncher: hands gpu-tagged runs to long-lived device workers.
+
+Modelled on dagster-docker's ``DockerRunLauncher``, but instead of starting a
+container per run it binds the run to an idle worker process
+(``orchestration.worker``) that keeps its model loaded across runs. Workers
+register themselves as JSON files under ``<state_dir>/workers``; the launcher
+talks to them over their local HTTP endpoint. Runs without the gpu tag (merge)
+take the stock ``DefaultRunLauncher`` path (a run worker via the code server).
+
+Every process that builds the instance (webserver, daemon, workers, API)
+imports this module: keep it free of torch and of anything heavy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+from dagster import Field, IntSource, StringSource
+from dagster import _check as check
+from dagster._core.launcher import (
+    CheckRunHealthResult,
+    DefaultRunLauncher,
+    LaunchRunContext,
+    ResumeRunContext,
+    RunLauncher,
+    WorkerStatus,
+)
+from dagster._core.storage.dagster_run import DagsterRun
+from dagster._serdes import ConfigurableClass, ConfigurableClassData
+
+GPU_TAG = "shotloom/gpu"  # runs carrying it go to a device worker (and count against the gpu limit)
+WORKER_TAG = "shotloom/worker"
+BOOT_TAG = "shotloom/worker_boot_id"
+PID_TAG = "shotloom/worker_pid"
+LAUNCHED_AT_TAG = "shotloom/launched_at"  # launch order, in the daemon's (serial) dequeue order
+LOADS_TAG = "shotloom/runtime_loads"  # weight loads of the worker process after the run (set by the worker)
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    """What a worker publishes about itself in ``<state_dir>/workers/<name>.json``."""
+
+    name: str
+    url: str
+    pid: int
+    boot_id: str
+    device: str
+
+    @classmethod
+    def read(cls, path: Path) -> WorkerRecord | None:
+        try:
+            data = json.loads(path.read_text())
+            return cls(**{k: data[k] for k in ("name", "url", "pid", "boot_id", "device")})
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # being written or removed
+
+    def write(self, workers_dir: Path) -> Path:
+        workers_dir.mkdir(parents=True, exist_ok=True)
+        path = workers_dir / f"{self.name}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.__dict__))
+        tmp.replace(path)  # atomic: readers never see half a record
+        return path
+
+
+def workers_dir(state_dir: str | Path) -> Path:
+    return Path(state_dir) / "workers"
+
+
+def read_workers(state_dir: str | Path) -> list[WorkerRecord]:
+    records = [WorkerRecord.read(p) for p in sorted(workers_dir(state_dir).glob("*.json"))]
+    return [r for r in records if r is not None]
+
+
+class WorkerError(Exception):
+    """The worker could not be reached (transient) or answered with an error."""
+
+
+def call_worker(url: str, path: str, payload: Mapping[str, Any] | None = None, timeout: float = 5.0) -> dict:
+    """GET (no payload) or POST JSON to a worker; returns the JSON answer, 409 included."""
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 409:  # busy / not running that run: an answer, not an error
+            return {"conflict": True, **json.loads(exc.read() or b"{}")}
+        raise WorkerError(f"{url}{path}: HTTP {exc.code}") from exc
+    except (OSError, ValueError) as exc:
+        raise WorkerError(f"{url}{path}: {exc}") from exc
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class DeviceRunLauncher(RunLauncher, ConfigurableClass):
+    """Binds each gpu-tagged run to an idle device worker; the rest go to DefaultRunLauncher."""
+
+    def __init__(
+        self,
+        state_dir: str,
+        launch_timeout_seconds: int = 300,
+        request_timeout_seconds: int = 5,
+        inst_data: ConfigurableClassData | None = None,
+    ):
+        self._inst_data = inst_data
+        self.state_dir = Path(state_dir)
+        self.launch_timeout = launch_timeout_seconds
+        self.request_timeout = request_timeout_seconds
+        self._default: DefaultRunLauncher | None = None
+        super().__init__()
+
+    # -- ConfigurableClass --------------------------------------------------
+    @property
+    def inst_data(self) -> ConfigurableClassData | None:
+        return self._inst_data
+
+    @classmethod
+    def config_type(cls) -> dict:
+        return {
+            "state_dir": Field(
+                StringSource, description="Server state dir; workers register under workers/."
+            ),
+            "launch_timeout_seconds": Field(
+                IntSource,
+                is_required=False,
+                default_value=300,
+                description="How long launch_run waits for an idle worker (workers may still be warming).",
+            ),
+            "request_timeout_seconds": Field(IntSource, is_required=False, default_value=5),
+        }
+
+    @classmethod
+    def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]) -> Self:
+        return cls(inst_data=inst_data, **config_value)
+
+    # -- helpers ------------------------------------------------------------
+    def _fallback(self) -> DefaultRunLauncher:
+        if self._default is None:
+            self._default = DefaultRunLauncher()
+            self._default.register_instance(self._instance)
+        return self._default
+
+    def _record(self, name: str) -> WorkerRecord | None:
+        return WorkerRecord.read(workers_dir(self.state_dir) / f"{name}.json")
+
+    def _dispatch(self, run: DagsterRun, resume: bool) -> WorkerRecord:
+        """Offer the run to each registered worker until one accepts (idle), waiting if all are busy."""
+        deadline = time.monotonic() + self.launch_timeout
+        while True:
+            for record in read_workers(self.state_dir):
+                try:
+                    answer = call_worker(
+                        record.url,
+                        "/runs",
+                        {"run_id": run.run_id, "resume": resume},
+                        timeout=self.request_timeout,
+                    )
+                except WorkerError:
+                    continue  # dead or booting: try the next one
+                if answer.get("accepted"):
+                    return WorkerRecord(
+                        record.name, record.url, int(answer["pid"]), answer["boot_id"], record.device
+                    )
+            # A worker that just finished may still be tidying up; the queue limit keeps this short.
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"no idle device worker under {workers_dir(self.state_dir)} "
+                    f"within {self.launch_timeout}s for run {run.run_id}"
+                )
+            time.sleep(0.2)
+
+    def _bind(self, run: DagsterRun, resume: bool) -> None:
+        record = self._dispatch(run, resume)
+        self._instance.add_run_tags(
+            run.run_id,
+            {
+                WORKER_TAG: record.name,
+                BOOT_TAG: record.boot_id,
+                PID_TAG: str(record.pid),
+                LAUNCHED_AT_TAG: f"{time.time():.6f}",
+            },
+        )
+        verb = "Resumed" if resume else "Launched"
+        self._instance.report_engine_event(
+            f"{verb} run on device worker {record.name} ({record.device}, pid {record.pid})",
+            run,
+            cls=self.__class__,
+        )
+
+    # -- RunLauncher --------------------------------------------------------
+    def launch_run(self, context: LaunchRunContext) -> None:
+        run = context.dagster_run
+        if GPU_TAG not in run.tags:
+            self._fallback().launch_run(context)
+            return
+        self._bind(run, resume=False)
+
+    @property
+    def supports_resume_run(self) -> bool:
+        return True
+
+    def resume_run(self, context: ResumeRunContext) -> None:
+        run = context.dagster_run
+        if GPU_TAG not in run.tags:
+            raise NotImplementedError("only device-worker runs can be resumed")
+        self._bind(run, resume=True)
+
+    def terminate(self, run_id: str) -> bool:
+        check.str_param(run_id, "run_id")
+        run = self._instance.get_run_by_id(run_id)
+        if not run or run.is_finished:
+            return False
+        if GPU_TAG not in run.tags:
+            return self._fallback().terminate(run_id)
+        self._instance.report_run_canceling(run)
+        record = self._record(run.tags.get(WORKER_TAG, ""))
+        if record is None or record.boot_id != run.tags.get(BOOT_TAG):
+            # Not bound yet, or its worker is gone: the worker checks CANCELING before it starts a
+            # run, and run monitoring's cancel timeout finishes the job otherwise.
+            return False
+        try:
+            answer = call_worker(record.url, f"/runs/{run_id}/terminate", {}, timeout=self.request_timeout)
+        except WorkerError as exc:
+            self._instance.report_engine_event(
+                f"Could not reach worker {record.name} to terminate: {exc}", run, cls=self.__class__
+            )
+            return False
+        return bool(answer.get("terminated"))
+
+    @property
+    def supports_check_run_worker_health(self) -> bool:
+        return True
+
+    def check_run_worker_health(self, run: DagsterRun) -> CheckRunHealthResult:
+        if GPU_TAG not in run.tags:
+            # The stock launcher cannot be asked either; leave such runs to the runtime limit.
+            return CheckRunHealthResult(WorkerStatus.RUNNING, "not a device-worker run")
+        name, boot_id = run.tags.get(WORKER_TAG), run.tags.get(BOOT_TAG)
+        if not name or not boot_id:
+            return CheckRunHealthResult(WorkerStatus.RUNNING, "being bound to a worker", transient=True)
+        record = self._record(name)
+        if record is None:
+            return CheckRunHealthResult(WorkerStatus.FAILED, f"worker {name} is gone", run_worker_id=name)
+        if record.boot_id != boot_id:
+            return CheckRunHealthResult(WorkerStatus.FAILED, f"worker {name} restarted", run_worker_id=name)
+        if not pid_alive(record.pid):
+            return CheckRunHealthResult(WorkerStatus.FAILED, f"worker {name} died", run_worker_id=name)
+        try:
+            status = call_worker(record.url, "/status", timeout=self.request_timeout)
+        except WorkerError as exc:
+            # Alive but not answering (busy GIL, slow disk): never fail a run on that alone.
+            return CheckRunHealthResult(WorkerStatus.RUNNING, str(exc), transient=True, run_worker_id=name)
+        if status.get("boot_id") != boot_id:
+            return CheckRunHealthResult(WorkerStatus.FAILED, f"worker {name} restarted", run_worker_id=name)
+        if run.run_id in (status.get("run_id"), status.get("pending_run_id")):
+            return CheckRunHealthResult(WorkerStatus.RUNNING, run_worker_id=name)
+        if run.run_id in status.get("finished_run_ids", []):
+            return CheckRunHealthResult(WorkerStatus.SUCCESS, run_worker_id=name)
+        return CheckRunHealthResult(
+            WorkerStatus.FAILED, f"worker {name} is not running this run", run_worker_id=name
+        )
+
+    def get_run_worker_debug_info(self, run: DagsterRun, include_container_logs: bool | None = True) -> str:
+        name = run.tags.get(WORKER_TAG)
+        record = self._record(name) if name else None
+        return f"device worker {name}: {record}" if record else f"device worker {name}: not registered"
+
+    def dispose(self) -> None:
+        if self._default is not None:
+            self._default.dispose()
+
+    def join(self, timeout: int = 30) -> None:
+        if self._default is not None:
+            self._default.join(timeout)

@@ -1,0 +1,133 @@
+"""Server YAML (what ``server.py --config`` reads) and the ``dagster.yaml`` generated from it.
+
+Relative paths resolve against the repository root, like the inference YAML's.
+No torch here: server.py, the webserver and the daemon import this.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from orchestration.launcher import GPU_TAG
+from shotloom.config import REPO_ROOT
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WebserverConfig(_Strict):
+    host: str = "127.0.0.1"  # loopback: the API in front of it is the public face
+    port: int = Field(default=3000, ge=1, le=65535)
+
+
+class InferenceRef(_Strict):
+    config: Path = Field(description="Inference YAML; it selects the checkpoint.")
+
+
+class DeviceConfig(_Strict):
+    device: str = Field(description="'cpu' (or 'cpu:n'), 'cuda:<logical id>' or a bare logical id.")
+    threads: int = Field(default=0, ge=0, description="torch CPU threads (0 = torch's default).")
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _as_str(cls, v: Any) -> str:
+        return str(v)
+
+
+class WorkersConfig(_Strict):
+    warm: bool = Field(default=True, description="Load the model before taking the first run.")
+    devices: list[DeviceConfig] = Field(min_length=1)
+
+
+class MonitoringConfig(_Strict):
+    poll_interval_seconds: int = 5
+    max_resume_run_attempts: int = 2  # a run interrupted by a worker's death resumes on another
+    start_timeout_seconds: int = 600  # includes waiting for a worker that is still warming
+    cancel_timeout_seconds: int = 60
+
+
+class ServerConfig(_Strict):
+    state_dir: Path = Field(default=Path("var/server"), description="Instance home, logs, worker registry.")
+    webserver: WebserverConfig = WebserverConfig()
+    inference: InferenceRef
+    workers: WorkersConfig
+    monitoring: MonitoringConfig = MonitoringConfig()
+    dequeue_interval_seconds: int = 1
+    media_root: Path | None = Field(default=None, description="Default: <state_dir>/media.")
+    step_storage: Path | None = Field(default=None, description="Default: <state_dir>/steps.")
+    workspace: Path = Field(default=Path("workspace.yaml"))
+
+    @classmethod
+    def load(cls, path: str | Path) -> ServerConfig:
+        cfg = cls.model_validate(yaml.safe_load(Path(path).read_text()) or {})
+        return cfg.resolved()
+
+    def resolved(self) -> ServerConfig:
+        def absolute(p: Path) -> Path:
+            return p if p.is_absolute() else (REPO_ROOT / p).resolve()
+
+        state = absolute(self.state_dir)
+        return self.model_copy(
+            update={
+                "state_dir": state,
+                "inference": InferenceRef(config=absolute(self.inference.config)),
+                "media_root": absolute(self.media_root) if self.media_root else state / "media",
+                "step_storage": absolute(self.step_storage) if self.step_storage else state / "steps",
+                "workspace": absolute(self.workspace),
+            }
+        )
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.state_dir / "dagster_home"
+
+    def worker_names(self) -> list[str]:
+        """Stable names (the registry key across restarts): cpu-0, cpu-1, ..., cuda-<id>."""
+        names, cpus = [], 0
+        for d in self.workers.devices:
+            kind, _, index = d.device.partition(":")
+            if kind == "cpu":
+                names.append(f"cpu-{cpus}")
+                cpus += 1
+            else:
+                names.append(f"cuda-{index if kind == 'cuda' else kind}")
+        return names
+
+    def dagster_yaml(self) -> dict[str, Any]:
+        m = self.monitoring
+        return {
+            "storage": {"sqlite": {"base_dir": str(self.dagster_home / "storage")}},
+            "run_coordinator": {
+                "module": "dagster._core.run_coordinator",
+                "class": "QueuedRunCoordinator",
+                "config": {
+                    "dequeue_interval_seconds": self.dequeue_interval_seconds,
+                    # One limit on the key (not per value): any free worker takes the oldest run.
+                    "tag_concurrency_limits": [{"key": GPU_TAG, "limit": len(self.workers.devices)}],
+                },
+            },
+            "run_launcher": {
+                "module": "orchestration.launcher",
+                "class": "DeviceRunLauncher",
+                "config": {"state_dir": str(self.state_dir)},
+            },
+            "run_monitoring": {
+                "enabled": True,
+                "poll_interval_seconds": m.poll_interval_seconds,
+                "max_resume_run_attempts": m.max_resume_run_attempts,
+                "start_timeout_seconds": m.start_timeout_seconds,
+                "cancel_timeout_seconds": m.cancel_timeout_seconds,
+            },
+            "telemetry": {"enabled": False},
+        }
+
+    def write_dagster_yaml(self) -> Path:
+        self.dagster_home.mkdir(parents=True, exist_ok=True)
+        path = self.dagster_home / "dagster.yaml"
+        path.write_text(yaml.safe_dump(self.dagster_yaml(), sort_keys=False))
+        return path

@@ -1,0 +1,331 @@
+"""Long-lived device worker: one process per device, model loaded once, runs executed in-process.
+
+    python -m orchestration.worker --device cpu:0 --threads 1 --state-dir var/server
+
+The worker pins its device (``CUDA_VISIBLE_DEVICES``, thread counts) before torch
+is imported, optionally warms the model, registers itself under
+``<state_dir>/workers/<name>.json`` and serves a small HTTP endpoint:
+
+    GET  /status                 device, boot id, current run, weights, resource snapshot
+    POST /runs {run_id, resume}  accept a run if idle (202) or refuse (409)
+    POST /runs/<id>/terminate    interrupt that run; the process and its weights survive
+
+Runs execute on the MAIN thread, one at a time, through Dagster's own run-worker
+entry point (``core_execute_run``): ``capture_interrupts`` and the SIGINT handling
+inside step execution only work there, which is what makes cancel immediate and
+clean. The HTTP endpoint lives on a daemon thread. The model registry
+(``shotloom.runtime.RUNTIMES``) is process-level, so every run reuses the weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+log = logging.getLogger("shotloom.worker")
+
+
+def pin_device(device: str, threads: int) -> str:
+    """Set what torch reads at import time; returns the canonical device string."""
+    kind, _, index = device.partition(":")
+    if kind.isdigit():  # a bare CUDA logical id
+        kind, index = "cuda", kind
+    if kind == "cuda":
+        os.environ["CUDA_VISIBLE_DEVICES"] = index or "0"
+    elif kind == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU worker must never grab a GPU
+    else:
+        raise ValueError(f"unknown device {device!r} (cpu[:n], cuda:<id> or <id>)")
+    if threads > 0:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            os.environ[var] = str(threads)
+    return f"{kind}:{index or 0}"
+
+
+def resource_snapshot() -> dict[str, Any]:
+    import psutil
+
+    proc = psutil.Process()
+    vm = psutil.virtual_memory()
+    snap: dict[str, Any] = {
+        "rss_bytes": proc.memory_info().rss,
+        "cpu_percent": proc.cpu_percent(None),
+        "ram_total_bytes": vm.total,
+        "ram_available_bytes": vm.available,
+    }
+    torch = sys.modules.get("torch")  # never import torch from the status thread
+    if torch is not None and torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
+        snap.update(gpu_free_bytes=free, gpu_total_bytes=total)
+    return snap
+
+
+def runtimes_snapshot() -> list[dict[str, Any]]:
+    rt_module = sys.modules.get("shotloom.runtime")
+    if rt_module is None:
+        return []
+    return [
+        {"config": key[0], "device": key[1], "checkpoint": key[2], "loaded": rt.loaded, "loads": rt.loads}
+        for key, rt in list(rt_module.RUNTIMES.items())
+    ]
+
+
+class Worker:
+    def __init__(self, name: str, device: str, threads: int, state_dir: Path, warm: bool):
+        from dagster import DagsterInstance
+
+        self.name, self.device, self.threads = name, device, threads
+        self.state_dir, self.warm = state_dir, warm
+        self.boot_id = uuid.uuid4().hex
+        self.instance = DagsterInstance.get()
+        self.lock = threading.Lock()
+        self.state = "starting"  # starting -> warming -> idle <-> busy -> stopping
+        self.run_id: str | None = None
+        self.pending_run_id: str | None = None
+        self.finished: deque[str] = deque(maxlen=256)
+        self.runs_done = 0
+        self.stopping = False
+        self.inbox: queue.Queue[tuple[str, bool]] = queue.Queue()
+        self.url = ""
+        self._server: ThreadingHTTPServer | None = None
+
+    # -- called from HTTP threads ---------------------------------------------
+    def status(self) -> dict[str, Any]:
+        with self.lock:
+            base = {
+                "name": self.name,
+                "device": self.device,
+                "threads": self.threads,
+                "pid": os.getpid(),
+                "boot_id": self.boot_id,
+                "state": self.state,
+                "run_id": self.run_id,
+                "pending_run_id": self.pending_run_id,
+                "finished_run_ids": list(self.finished),
+                "runs_done": self.runs_done,
+            }
+        runtimes = runtimes_snapshot()
+        return {
+            **base,
+            "weights": runtimes,
+            "weights_loaded": any(r["loaded"] for r in runtimes),
+            "loads": sum(r["loads"] for r in runtimes),
+            "resources": resource_snapshot(),
+        }
+
+    def accept(self, run_id: str, resume: bool) -> bool:
+        with self.lock:
+            if self.state != "idle":
+                return False
+            self.state, self.pending_run_id = "busy", run_id
+        self.inbox.put((run_id, resume))
+        return True
+
+    def terminate(self, run_id: str) -> bool:
+        with self.lock:
+            if self.pending_run_id == run_id:
+                return True  # the launcher marked it CANCELING; _execute will not start it
+            if self.run_id != run_id:
+                return False
+        # Delivered to the main thread: Dagster's handler raises DagsterExecutionInterruptedError
+        # inside op code (or at the next step boundary), so the run ends CANCELED.
+        import _thread
+
+        _thread.interrupt_main(signal.SIGINT)
+        return True
+
+    # -- main thread ----------------------------------------------------------
+    def loads(self) -> int:
+        return sum(r["loads"] for r in runtimes_snapshot())
+
+    def _warm(self) -> None:
+        # Through the same resource the ops use, so the registry key (config, device) is identical.
+        from resources.model_runtime import ModelRuntimeResource
+
+        started = time.perf_counter()
+        runtime = ModelRuntimeResource().get()
+        runtime.adapter  # noqa: B018 - loads the weights
+        log.info("%s warmed %s in %.1fs", self.name, runtime.checkpoint_id, time.perf_counter() - started)
+
+    def _execute(self, run_id: str, resume: bool) -> None:
+        from dagster import DagsterRunStatus
+        from dagster._core.errors import DagsterExecutionInterruptedError
+        from dagster._grpc.impl import core_execute_run
+        from dagster._utils.hosted_user_process import recon_job_from_origin
+        from dagster._utils.interrupts import capture_interrupts
+
+        with self.lock:
+            self.run_id, self.pending_run_id = run_id, None
+        started = time.perf_counter()
+        try:
+            run = self.instance.get_run_by_id(run_id)
+            if run is None or run.is_finished:
+                return
+            if run.status == DagsterRunStatus.CANCELING:
+                self.instance.report_run_canceled(run, "Canceled before the device worker started it.")
+                return
+            if run.job_code_origin is None:
+                self.instance.report_run_failed(run, "Run has no job code origin.")
+                return
+            recon_job = recon_job_from_origin(run.job_code_origin)
+            with capture_interrupts():
+                try:
+                    for _event in core_execute_run(
+                        recon_job, run, self.instance, inject_env_vars=False, resume_from_failure=resume
+                    ):
+                        pass
+                except (KeyboardInterrupt, DagsterExecutionInterruptedError):
+                    log.info("%s: run %s interrupted", self.name, run_id)
+        except Exception:
+            # core_execute_run has already reported the failure to the instance.
+            log.exception("%s: run %s raised", self.name, run_id)
+        finally:
+            self._after_run(run_id)
+            log.info("%s: run %s done in %.2fs", self.name, run_id, time.perf_counter() - started)
+
+    def _after_run(self, run_id: str) -> None:
+        from dagster import DagsterRunStatus
+
+        from orchestration.launcher import LOADS_TAG
+
+        try:
+            run = self.instance.get_run_by_id(run_id)
+            if run is not None and run.status == DagsterRunStatus.CANCELING:
+                # Interrupted before Dagster could record it (e.g. the run never reached a step).
+                self.instance.report_run_canceled(run, "Canceled on the device worker.")
+            self.instance.add_run_tags(run_id, {LOADS_TAG: str(self.loads())})
+        except Exception:
+            log.exception("%s: could not finish bookkeeping for %s", self.name, run_id)
+        with self.lock:
+            self.run_id = None
+            self.finished.append(run_id)
+            self.runs_done += 1
+            self.state = "stopping" if self.stopping else "idle"
+
+    def _on_sigint(self, _signo: int, _frame: FrameType | None) -> None:
+        # Outside a run (a terminate that raced the run's end): ignore, never die.
+        log.info("%s: interrupt outside a run ignored", self.name)
+
+    def _on_sigterm(self, _signo: int, _frame: FrameType | None) -> None:
+        import _thread
+
+        with self.lock:
+            self.stopping = True
+            busy = self.run_id is not None
+            if self.state == "idle":
+                self.state = "stopping"
+        if busy:  # interrupt the run; run monitoring resumes it on a worker that is up
+            _thread.interrupt_main(signal.SIGINT)
+
+    def serve(self, host: str, port: int) -> None:
+        from orchestration.launcher import WorkerRecord, workers_dir
+
+        signal.signal(signal.SIGINT, self._on_sigint)
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._server = ThreadingHTTPServer((host, port), _handler(self))
+        self._server.daemon_threads = True
+        self.url = f"http://{host}:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True).start()
+        record = WorkerRecord(self.name, self.url, os.getpid(), self.boot_id, self.device)
+        path = record.write(workers_dir(self.state_dir))
+        log.info("%s (%s, pid %d) at %s boot %s", self.name, self.device, os.getpid(), self.url, self.boot_id)
+        try:
+            if self.warm and not self.stopping:
+                with self.lock:
+                    self.state = "warming"
+                try:
+                    self._warm()
+                except Exception:
+                    log.exception("%s: warm-up failed; runs will load the model themselves", self.name)
+            with self.lock:
+                if not self.stopping:
+                    self.state = "idle"
+            while not self.stopping:
+                try:
+                    run_id, resume = self.inbox.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                self._execute(run_id, resume)
+        finally:
+            current = WorkerRecord.read(path)
+            if current is not None and current.boot_id == self.boot_id:
+                path.unlink(missing_ok=True)
+            self._server.shutdown()
+            log.info("%s stopped", self.name)
+
+
+def _handler(worker: Worker) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, code: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> dict[str, Any]:
+            length = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(length) or b"{}") if length else {}
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            if self.path == "/status":
+                self._send(200, worker.status())
+            else:
+                self._send(404, {"error": "not found"})
+
+        def do_POST(self) -> None:  # noqa: N802
+            parts = self.path.strip("/").split("/")
+            if parts == ["runs"]:
+                body = self._body()
+                ok = worker.accept(str(body["run_id"]), bool(body.get("resume")))
+                info = {"accepted": ok, "pid": os.getpid(), "boot_id": worker.boot_id}
+                self._send(202 if ok else 409, info)
+            elif len(parts) == 3 and parts[0] == "runs" and parts[2] == "terminate":
+                ok = worker.terminate(parts[1])
+                self._send(202 if ok else 409, {"terminated": ok})
+            else:
+                self._send(404, {"error": "not found"})
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet access log
+            log.debug(format, *args)
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu:0", help="cpu[:n], cuda:<logical id> or <id>")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    parser.add_argument("--name", default="", help="registry name (default: from the device)")
+    parser.add_argument("--state-dir", default=os.environ.get("SHOTLOOM_STATE_DIR", "var/server"))
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="status port (0 = any free port)")
+    parser.add_argument("--no-warm", dest="warm", action="store_false", help="load weights on first run")
+    args = parser.parse_args(argv)
+
+    device = pin_device(args.device, args.threads)  # before anything imports torch
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    name = args.name or device.replace(":", "-")
+    Worker(name, device, args.threads, Path(args.state_dir), args.warm).serve(args.host, args.port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Start the whole service from one server YAML.
+
+    python server.py --config configs/server.cpu.yaml
+
+Writes ``<state_dir>/dagster_home/dagster.yaml`` (sqlite storage, queued run
+coordinator with one gpu-tag limit, run monitoring, DeviceRunLauncher), then
+starts one device worker per configured device, ``dagster-daemon run`` and
+``dagster-webserver``, each in its own process group with logs under
+``<state_dir>/logs``. A worker that dies is restarted (run monitoring resumes its
+run); SIGTERM/SIGINT stops everything, grandchildren included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestration.server_config import ServerConfig
+
+REPO = Path(__file__).resolve().parent
+log = logging.getLogger("shotloom.server")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if server.py dies without cleaning up (Linux only)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Stack:
+    def __init__(self, cfg: ServerConfig):
+        self.cfg = cfg
+        self.logs = cfg.state_dir / "logs"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.commands: dict[str, list[str]] = {}
+        self.stopping = False
+
+    def env(self) -> dict[str, str]:
+        cfg = self.cfg
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+        return {
+            **os.environ,
+            "PYTHONPATH": path,  # every process must import orchestration.launcher
+            "DAGSTER_HOME": str(cfg.dagster_home),
+            "SHOTLOOM_STATE_DIR": str(cfg.state_dir),
+            "SHOTLOOM_INFERENCE_CONFIG": str(cfg.inference.config),
+            "SHOTLOOM_MEDIA_ROOT": str(cfg.media_root),
+            "SHOTLOOM_STEP_STORAGE": str(cfg.step_storage),
+        }
+
+    def plan(self) -> None:
+        cfg, py = self.cfg, sys.executable
+        for name, dev in zip(cfg.worker_names(), cfg.workers.devices, strict=True):
+            cmd = [py, "-m", "orchestration.worker", "--device", dev.device, "--name", name]
+            cmd += ["--threads", str(dev.threads), "--state-dir", str(cfg.state_dir)]
+            self.commands[f"worker-{name}"] = cmd + ([] if cfg.workers.warm else ["--no-warm"])
+        workspace = ["-w", str(cfg.workspace)]
+        self.commands["daemon"] = [py, "-m", "dagster._daemon", "run", *workspace]
+        web = cfg.webserver
+        self.commands["webserver"] = [
+            py, "-m", "dagster_webserver", "-h", web.host, "-p", str(web.port), *workspace
+        ]  # fmt: skip
+
+    def spawn(self, name: str) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / f"{name}.log", "ab") as out:
+            self.procs[name] = subprocess.Popen(
+                self.commands[name],
+                cwd=REPO,
+                env=self.env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: killpg reaches its children too
+                preexec_fn=_die_with_parent,
+            )
+        log.info("started %s (pid %d)", name, self.procs[name].pid)
+
+    def start(self) -> None:
+        self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        self.cfg.write_dagster_yaml()
+        self.plan()
+        for name in self.commands:  # workers first: they warm while the webserver boots
+            self.spawn(name)
+
+    def supervise(self) -> int:
+        while not self.stopping:
+            for name, proc in list(self.procs.items()):
+                if proc.poll() is None or self.stopping:
+                    continue
+                if name.startswith("worker-"):
+                    log.warning("%s exited with %s; restarting", name, proc.returncode)
+                    self.spawn(name)
+                else:
+                    log.error("%s exited with %s; shutting down", name, proc.returncode)
+                    return 1
+            time.sleep(0.5)
+        return 0
+
+    def shutdown(self, grace: float = 20.0) -> None:
+        import psutil
+
+        self.stopping = True
+        tree: list[psutil.Process] = []
+        for proc in self.procs.values():
+            try:
+                tree += psutil.Process(proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                pass
+        # Daemon first (no new launches), then workers (interrupt runs), then the webserver.
+        order = sorted(self.procs, key=lambda n: (n != "daemon", n == "webserver"))
+        for name in order:
+            try:
+                os.killpg(self.procs[name].pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        for name in order:
+            proc = self.procs[name]
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in time; killing its group", name)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        # Code servers may have left the group (or outlived their parent): reap what remains.
+        _, alive = psutil.wait_procs(tree, timeout=max(0.5, deadline - time.monotonic()))
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        log.info("stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Start webserver, daemon and device workers.")
+    parser.add_argument("--config", default="configs/server.cpu.yaml", help="server YAML")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = ServerConfig.load(args.config)
+    stack = Stack(cfg)
+
+    def stop(signo: int, _frame: object) -> None:
+        log.info("signal %d: shutting down", signo)
+        stack.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    code = 1
+    try:
+        stack.start()
+        log.info(
+            "webserver on http://%s:%d, state in %s", cfg.webserver.host, cfg.webserver.port, cfg.state_dir
+        )
+        code = stack.supervise()
+    finally:
+        stack.shutdown()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
