@@ -61,7 +61,8 @@ class Stack:
     def plan(self) -> None:
         cfg, py = self.cfg, sys.executable
         for name, dev in zip(cfg.worker_names(), cfg.workers.devices, strict=True):
-            cmd = [py, "-m", "orchestration.worker", "--device", dev.device, "--name", name]
+            device = name.replace("-", ":", 1)  # cpu-1 -> cpu:1, cuda-3 -> cuda:3
+            cmd = [py, "-m", "orchestration.worker", "--device", device, "--name", name]
             cmd += ["--threads", str(dev.threads), "--state-dir", str(cfg.state_dir)]
             self.commands[f"worker-{name}"] = cmd + ([] if cfg.workers.warm else ["--no-warm"])
         workspace = ["-w", str(cfg.workspace)]
@@ -85,9 +86,19 @@ class Stack:
             )
         log.info("started %s (pid %d)", name, self.procs[name].pid)
 
+    def init_storage(self) -> None:
+        """Create the sqlite schemas once: children racing to create them fail ("already exists")."""
+        from dagster import DagsterInstance
+
+        with DagsterInstance.from_config(str(self.cfg.dagster_home)) as instance:
+            instance.get_runs(limit=1)
+            instance.event_log_storage.get_asset_records()
+            instance.all_instigator_state()
+
     def start(self) -> None:
         self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
         self.cfg.write_dagster_yaml()
+        self.init_storage()
         self.plan()
         for name in self.commands:  # workers first: they warm while the webserver boots
             self.spawn(name)

@@ -22,15 +22,24 @@ shots_partitions = DynamicPartitionsDefinition(name="shots")
 shot_partitions = MultiPartitionsDefinition({"work": works_partitions, "shot": shots_partitions})
 
 
+def _ensure_partition(instance: DagsterInstance, name: str, key: str) -> None:
+    if instance.has_dynamic_partition(name, key):
+        return
+    try:
+        instance.add_dynamic_partitions(name, [key])
+    except Exception:
+        # Two device workers registering the same work at once: the loser hits the unique index.
+        if not instance.has_dynamic_partition(name, key):
+            raise
+
+
 def register_shot_partition(instance: DagsterInstance, work_id: str, shot_id: str) -> MultiPartitionKey:
     """Register the dynamic keys first: a materialization of an unknown key is silently orphaned."""
     for definition, key in ((works_partitions, work_id), (shots_partitions, shot_id)):
-        if not instance.has_dynamic_partition(definition.name, key):
-            instance.add_dynamic_partitions(definition.name, [key])
+        _ensure_partition(instance, definition.name, key)
     return MultiPartitionKey({"work": work_id, "shot": shot_id})
 
 
 def register_work_partition(instance: DagsterInstance, work_id: str) -> str:
-    if not instance.has_dynamic_partition(works_partitions.name, work_id):
-        instance.add_dynamic_partitions(works_partitions.name, [work_id])
+    _ensure_partition(instance, works_partitions.name, work_id)
     return work_id

@@ -25,6 +25,7 @@ import logging
 import os
 import queue
 import signal
+import socket
 import sys
 import threading
 import time
@@ -215,26 +216,37 @@ class Worker:
             self.runs_done += 1
             self.state = "stopping" if self.stopping else "idle"
 
-    def _on_sigint(self, _signo: int, _frame: FrameType | None) -> None:
-        # Outside a run (a terminate that raced the run's end): ignore, never die.
-        log.info("%s: interrupt outside a run ignored", self.name)
+    def _on_signal(self, signo: int, _frame: FrameType | None) -> None:
+        # Installed between runs. SIGINT there is a terminate that raced the run's end: never die.
+        # SIGTERM is handled by _watch_signals (Dagster re-maps SIGTERM's handler during runs).
+        log.info("%s: signal %d outside a run", self.name, signo)
 
-    def _on_sigterm(self, _signo: int, _frame: FrameType | None) -> None:
-        import _thread
+    def _watch_signals(self, wakeup: socket.socket) -> None:
+        """See every SIGTERM, whoever's Python handler is installed (Dagster's own during a run).
 
-        with self.lock:
-            self.stopping = True
-            busy = self.run_id is not None
-            if self.state == "idle":
-                self.state = "stopping"
-        if busy:  # interrupt the run; run monitoring resumes it on a worker that is up
-            _thread.interrupt_main(signal.SIGINT)
+        The C-level handler writes each caught signal's number to the wakeup fd; during a run
+        Dagster's handler has already interrupted it (the run is left for run monitoring to
+        resume), so this only has to stop the loop.
+        """
+        while True:
+            data = wakeup.recv(64)
+            if not data:
+                return
+            if signal.SIGTERM in data:
+                with self.lock:
+                    self.stopping = True
+                    if self.state in ("idle", "starting", "warming"):
+                        self.state = "stopping"
 
     def serve(self, host: str, port: int) -> None:
         from orchestration.launcher import WorkerRecord, workers_dir
 
-        signal.signal(signal.SIGINT, self._on_sigint)
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        threading.Thread(target=self._watch_signals, args=(reader,), name="signals", daemon=True).start()
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
         self.url = f"http://{host}:{self._server.server_address[1]}"
@@ -253,7 +265,10 @@ class Worker:
             with self.lock:
                 if not self.stopping:
                     self.state = "idle"
-            while not self.stopping:
+            signal.signal(signal.SIGTERM, self._on_signal)
+            # A run accepted just before SIGTERM is still executed: it is STARTING and nothing
+            # else would pick it up until the start timeout.
+            while not (self.stopping and self.inbox.empty()):
                 try:
                     run_id, resume = self.inbox.get(timeout=0.5)
                 except queue.Empty:
