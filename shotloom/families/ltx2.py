@@ -33,9 +33,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
-import shutil
 import string
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,7 +48,7 @@ from shotloom.bundle import TensorBundle
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import InferenceConfig, Sampler, Tiling
 from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress
-from shotloom.families.weights import MODEL_INDEX, place_pipeline, publish_checkpoint
+from shotloom.families.weights import build_checkpoint, ensure_checkpoint, place_pipeline
 from shotloom.request import GenerationRequest
 from shotloom.sampler import make_dmd_scheduler, seed_everything
 
@@ -291,27 +289,11 @@ class LTX2Adapter(FamilyAdapter):
         """A tiny random LTX2ConditionPipeline (~1 MB); same seed -> identical files."""
         from diffusers import LTX2ConditionPipeline
 
-        out_dir = Path(out_dir)
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-        try:
-            with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG alone
-                torch.manual_seed(seed)
-                components = _tiny_components()
-            LTX2ConditionPipeline(**components).save_pretrained(tmp)
-            tmp.chmod(0o755)  # mkdtemp makes it private
-            publish_checkpoint(tmp, out_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # nothing left after a successful rename
-        return out_dir
+        return build_checkpoint(out_dir, seed, lambda: LTX2ConditionPipeline(**_tiny_components()))
 
     @classmethod
     def load(cls, cfg: InferenceConfig, device: str = "cpu") -> LTX2Adapter:
-        ckpt = Path(cfg.paths.checkpoint)
-        if not (ckpt / MODEL_INDEX).is_file():
-            if not cfg.tiny.build_if_missing:
-                raise FileNotFoundError(f"paths.checkpoint: no {MODEL_INDEX} in {ckpt}")
-            cls.build_tiny_checkpoint(ckpt, seed=cfg.tiny.seed)
+        ckpt = ensure_checkpoint(cfg, cls.build_tiny_checkpoint)
         from diffusers import DiffusionPipeline, LTX2ConditionPipeline
 
         # Audio VAE and vocoder stay float32: small, and the waveform degrades audibly in half precision.

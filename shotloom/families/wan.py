@@ -10,9 +10,7 @@ behaviour (CFG, Wan 2.2 two-expert switching, TI2V timestep masks) without a cop
 from __future__ import annotations
 
 import functools
-import shutil
 import string
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -27,7 +25,7 @@ from shotloom.bundle import TensorBundle
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import InferenceConfig, Tiling
 from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress
-from shotloom.families.weights import MODEL_INDEX, place_pipeline, publish_checkpoint
+from shotloom.families.weights import build_checkpoint, ensure_checkpoint, place_pipeline
 from shotloom.request import GenerationRequest
 from shotloom.sampler import make_dmd_scheduler, seed_everything
 
@@ -181,29 +179,15 @@ class WanAdapter(FamilyAdapter):
     @classmethod
     def build_tiny_checkpoint(cls, out_dir: Path, seed: int = 0, *, pipeline: str = VACE) -> Path:
         """A tiny random ``pipeline`` checkpoint (~0.5 MB); same seed -> identical files."""
-        out_dir = Path(out_dir)
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-        try:
-            with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG alone
-                torch.manual_seed(seed)
-                components = _tiny_components(pipeline)
-            import diffusers
+        import diffusers
 
-            getattr(diffusers, pipeline)(**components).save_pretrained(tmp)
-            tmp.chmod(0o755)  # mkdtemp makes it private
-            publish_checkpoint(tmp, out_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # nothing left after a successful rename
-        return out_dir
+        return build_checkpoint(
+            out_dir, seed, lambda: getattr(diffusers, pipeline)(**_tiny_components(pipeline))
+        )
 
     @classmethod
     def load(cls, cfg: InferenceConfig, device: str = "cpu") -> WanAdapter:
-        ckpt = Path(cfg.paths.checkpoint)
-        if not (ckpt / MODEL_INDEX).is_file():
-            if not cfg.tiny.build_if_missing:
-                raise FileNotFoundError(f"paths.checkpoint: no {MODEL_INDEX} in {ckpt}")
-            cls.build_tiny_checkpoint(ckpt, seed=cfg.tiny.seed)
+        ckpt = ensure_checkpoint(cfg, cls.build_tiny_checkpoint)
         from diffusers import DiffusionPipeline
 
         dtype = DTYPES[cfg.dtype]

@@ -49,3 +49,32 @@ def place_pipeline(pipe, device: str, offload: bool) -> None:
             )
         else:
             module.to(dev)
+
+
+def build_checkpoint(out_dir: Path, seed: int, make_pipeline) -> Path:
+    """Build ``make_pipeline()`` under a fixed seed into a temp sibling, then publish it atomically."""
+    import tempfile
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG alone
+            torch.manual_seed(seed)
+            pipe = make_pipeline()
+        pipe.save_pretrained(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private
+        publish_checkpoint(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing left after a successful rename
+    return out_dir
+
+
+def ensure_checkpoint(cfg, build) -> Path:
+    """The checkpoint folder; build the tiny one first when missing and the YAML allows it."""
+    ckpt = Path(cfg.paths.checkpoint)
+    if not (ckpt / MODEL_INDEX).is_file():
+        if not cfg.tiny.build_if_missing:
+            raise FileNotFoundError(f"paths.checkpoint: no {MODEL_INDEX} in {ckpt}")
+        build(ckpt, seed=cfg.tiny.seed)
+    return ckpt
