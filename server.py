@@ -6,8 +6,11 @@ Writes ``<state_dir>/dagster_home/dagster.yaml`` (sqlite storage, queued run
 coordinator with one gpu-tag limit, run monitoring, DeviceRunLauncher), then
 starts one device worker per configured device, ``dagster-daemon run`` and
 ``dagster-webserver``, each in its own process group with logs under
-``<state_dir>/logs``. A worker that dies is restarted (run monitoring resumes its
-run); SIGTERM/SIGINT stops everything, grandchildren included.
+``<state_dir>/logs``. A child that dies is restarted: a worker's run is resumed by
+run monitoring; the daemon and webserver hold no state of their own (queued runs
+live in run storage), so nothing queued is lost. A child that keeps dying
+(``restart_limit`` times within ``restart_window_seconds``) stops the service.
+SIGTERM/SIGINT stops everything, grandchildren included.
 """
 
 from __future__ import annotations
@@ -38,11 +41,13 @@ def _die_with_parent() -> None:
 
 
 class Stack:
-    def __init__(self, cfg: ServerConfig):
+    def __init__(self, cfg: ServerConfig, config_path: Path):
         self.cfg = cfg
+        self.config_path = config_path
         self.logs = cfg.state_dir / "logs"
         self.procs: dict[str, subprocess.Popen] = {}
         self.commands: dict[str, list[str]] = {}
+        self.restarts: dict[str, list[float]] = {}
         self.stopping = False
 
     def env(self) -> dict[str, str]:
@@ -64,6 +69,7 @@ class Stack:
             device = name.replace("-", ":", 1)  # cpu-1 -> cpu:1, cuda-3 -> cuda:3
             cmd = [py, "-m", "orchestration.worker", "--device", device, "--name", name]
             cmd += ["--threads", str(dev.threads), "--state-dir", str(cfg.state_dir)]
+            cmd += ["--server-config", str(self.config_path)]
             self.commands[f"worker-{name}"] = cmd + ([] if cfg.workers.warm else ["--no-warm"])
         workspace = ["-w", str(cfg.workspace)]
         self.commands["daemon"] = [py, "-m", "dagster._daemon", "run", *workspace]
@@ -104,16 +110,19 @@ class Stack:
             self.spawn(name)
 
     def supervise(self) -> int:
+        limits = self.cfg.supervision
         while not self.stopping:
             for name, proc in list(self.procs.items()):
                 if proc.poll() is None or self.stopping:
                     continue
-                if name.startswith("worker-"):
-                    log.warning("%s exited with %s; restarting", name, proc.returncode)
-                    self.spawn(name)
-                else:
-                    log.error("%s exited with %s; shutting down", name, proc.returncode)
+                now = time.monotonic()
+                recent = [t for t in self.restarts.get(name, []) if now - t < limits.restart_window_seconds]
+                if len(recent) >= limits.restart_limit:
+                    log.error("%s keeps exiting (last code %s); shutting down", name, proc.returncode)
                     return 1
+                self.restarts[name] = [*recent, now]
+                log.warning("%s exited with %s; restarting", name, proc.returncode)
+                self.spawn(name)
             time.sleep(0.5)
         return 0
 
@@ -163,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = ServerConfig.load(args.config)
-    stack = Stack(cfg)
+    stack = Stack(cfg, Path(args.config).resolve())
 
     def stop(signo: int, _frame: object) -> None:
         log.info("signal %d: shutting down", signo)

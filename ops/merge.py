@@ -8,6 +8,7 @@ from pydantic import Field
 from ops.assets import FILM_KEY, register_work_partition
 from ops.types import FilmArtifact
 from resources.media_store import MediaStoreResource
+from shotloom import stages
 
 
 class MergeConfig(Config):
@@ -23,6 +24,7 @@ def merge_op(context: OpExecutionContext, config: MergeConfig, media: MediaStore
     """Stream-copy video when encoder settings match (else re-encode); audio re-encoded once, in sync."""
     from shotloom.media import merge_mp4
 
+    context.instance.add_run_tags(context.run_id, stages.stage_tags(stages.MERGING))
     inputs = [Path(p) if Path(p).is_absolute() else media.resolve(p) for p in config.inputs]
     output = media.film_path(config.work_id, context.run_id)
     result = merge_mp4(inputs, output)

@@ -6,17 +6,31 @@ on a device worker every run reuses the same loaded weights.
 """
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
-from dagster import AssetMaterialization, Config, Failure, In, OpExecutionContext, Out, Output, op
+from dagster import (
+    AssetMaterialization,
+    Config,
+    Failure,
+    In,
+    OpExecutionContext,
+    Out,
+    Output,
+    RetryRequested,
+    op,
+)
 from pydantic import Field
 
 from ops.assets import SHOT_KEY, register_shot_partition
 from ops.types import ConditioningBundle, DecodedBundle, LatentsBundle, ShotArtifact
 from resources.media_store import MediaStoreResource
 from resources.model_runtime import ModelRuntimeResource
+from shotloom import stages
 from shotloom.capabilities import CapabilityError
 from shotloom.request import GenerationRequest, MemorySlot
+
+PROGRESS_TAG_INTERVAL_S = 0.5  # progress tags are DB writes: at most two a second (plus the last)
 
 
 class MemorySlotConfig(Config):
@@ -46,11 +60,49 @@ def _request(bundle) -> GenerationRequest:
     return GenerationRequest.from_json(bundle.meta["request"])
 
 
-def _progress(context: OpExecutionContext, what: str):
+def _stage(context: OpExecutionContext):
+    """on_stage callback: the run's stage tags (read by GraphQL clients) plus a log line."""
+
+    def enter(stage: str) -> None:
+        context.instance.add_run_tags(context.run_id, stages.stage_tags(stage))
+        context.log.info(f"stage: {stage}")
+
+    return enter
+
+
+def _progress(context: OpExecutionContext, stage: str, what: str):
+    """progress(done, total): logged, and kept in the run's progress tag (throttled)."""
+    last = 0.0
+
     def report(done: int, total: int) -> None:
-        context.log.info(f"{what} {done}/{total}")
+        nonlocal last
+        context.log.debug(f"{what} {done}/{total}")
+        now = time.monotonic()
+        if done >= total or now - last >= PROGRESS_TAG_INTERVAL_S:
+            context.instance.add_run_tags(context.run_id, stages.progress_tag(stage, done, total))
+            last = now
 
     return report
+
+
+@contextmanager
+def _oom_guard(context: OpExecutionContext, rt):
+    """Out of memory: release every weight and retry the step once; then fail clearly."""
+    from shotloom.runtime import is_out_of_memory
+
+    try:
+        yield
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        rt.release()
+        if context.retry_number < 1:
+            context.log.warning(f"out of memory ({exc}); released all weights, retrying once")
+            raise RetryRequested(max_retries=1) from exc
+        raise Failure(
+            description=f"out of memory again after releasing all weights and retrying once: {exc}",
+            allow_retries=False,
+        ) from exc
 
 
 def _timed(meta: dict, stage: str, start: float) -> dict:
@@ -66,6 +118,8 @@ def condition_op(
 ):
     """Check the request against the family's capabilities, then cache lookup or encode."""
     start = time.perf_counter()
+    on_stage = _stage(context)
+    on_stage(stages.VALIDATING)
     rt = runtime.get()
 
     def path(value: str | None) -> Path | None:
@@ -94,7 +148,8 @@ def condition_op(
         raise Failure(
             description=str(exc), metadata={"field": getattr(exc, "field", "input")}, allow_retries=False
         ) from exc
-    bundle, hit = rt.condition(req)
+    with _oom_guard(context, rt):
+        bundle, hit = rt.condition(req, on_stage)
     bundle.meta.update(
         kind="conditioning",
         request=req.to_json(),
@@ -110,7 +165,10 @@ def condition_op(
 @op(ins={"cond": In(ConditioningBundle)}, out=Out(LatentsBundle), tags={"stage": "inferring"})
 def denoise_op(context: OpExecutionContext, cond, runtime: ModelRuntimeResource):
     start = time.perf_counter()
-    latents = runtime.get().denoise(cond, _request(cond), _progress(context, "denoise step"))
+    rt = runtime.get()
+    with _oom_guard(context, rt):
+        progress = _progress(context, stages.INFERRING, "denoise step")
+        latents = rt.denoise(cond, _request(cond), progress, _stage(context))
     latents.meta.update({k: v for k, v in cond.meta.items() if k not in ("kind", "timings")})
     latents.meta.update(kind="latents", timings=_timed(cond.meta, "denoise", start))
     return latents
@@ -122,7 +180,10 @@ def decode_op(context: OpExecutionContext, latents, runtime: ModelRuntimeResourc
 
     start = time.perf_counter()
     req = _request(latents)
-    decoded = runtime.get().decode(latents, req, _progress(context, "decoded piece"))
+    rt = runtime.get()
+    with _oom_guard(context, rt):
+        progress = _progress(context, stages.DECODING, "decoded piece")
+        decoded = rt.decode(latents, req, progress, _stage(context))
     bundle = decoded_to_bundle(decoded, req)
     bundle.meta.update({k: v for k, v in latents.meta.items() if k not in ("kind", "timings", "request")})
     bundle.meta["timings"] = _timed(latents.meta, "decode", start)
@@ -135,6 +196,7 @@ def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource
     from shotloom.runtime import bundle_to_decoded, media_summary
 
     start = time.perf_counter()
+    _stage(context)(stages.WRITING)
     rt = runtime.get()
     req = _request(decoded)
     work_id, shot_id = decoded.meta["work_id"], decoded.meta["shot_id"]

@@ -7,18 +7,23 @@ from dagster import in_process_executor, job
 from ops.merge import merge_op
 from ops.shot import condition_op, decode_op, denoise_op, write_op
 from orchestration.launcher import GPU_TAG
+from shotloom.stages import QUEUED, STAGE_TAG
 
 
 # The gpu tag sends r2v to a device worker and counts it against the queue's device limit.
 @job(
     executor_def=in_process_executor,
     description="Generate one shot: condition, denoise, decode, write.",
-    tags={GPU_TAG: "1"},
+    tags={GPU_TAG: "1", STAGE_TAG: QUEUED},
 )
 def r2v():
     write_op(decode_op(denoise_op(condition_op())))
 
 
-@job(executor_def=in_process_executor, description="Concatenate shots into one film, in order.")
+@job(
+    executor_def=in_process_executor,
+    description="Concatenate shots into one film, in order.",
+    tags={STAGE_TAG: QUEUED},
+)
 def merge():
     merge_op()

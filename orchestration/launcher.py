@@ -36,6 +36,8 @@ from dagster._core.launcher import (
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
+from shotloom import stages
+
 GPU_TAG = "shotloom/gpu"  # runs carrying it go to a device worker (and count against the gpu limit)
 WORKER_TAG = "shotloom/worker"
 BOOT_TAG = "shotloom/worker_boot_id"
@@ -161,11 +163,20 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         return WorkerRecord.read(workers_dir(self.state_dir) / f"{name}.json")
 
     def _dispatch(self, run: DagsterRun, resume: bool) -> WorkerRecord:
-        """Offer the run to each registered worker until one accepts (idle), waiting if all are busy."""
+        """Offer the run to each idle registered worker until one accepts, waiting if all are busy.
+
+        The binding tags are written BEFORE the offer: once a worker accepts, its ops write stage
+        tags, and run tags are a read-modify-write of the run row, so two writers would lose
+        updates. A worker that refuses gets its tags overwritten by the next offer.
+        """
         deadline = time.monotonic() + self.launch_timeout
         while True:
             for record in read_workers(self.state_dir):
                 try:
+                    status = call_worker(record.url, "/status", timeout=self.request_timeout)
+                    if status.get("state") != "idle" or status.get("boot_id") != record.boot_id:
+                        continue
+                    self._tag(run, record, resume)
                     answer = call_worker(
                         record.url,
                         "/runs",
@@ -175,9 +186,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
                 except WorkerError:
                     continue  # dead or booting: try the next one
                 if answer.get("accepted"):
-                    return WorkerRecord(
-                        record.name, record.url, int(answer["pid"]), answer["boot_id"], record.device
-                    )
+                    return record
             # A worker that just finished may still be tidying up; the queue limit keeps this short.
             if time.monotonic() > deadline:
                 raise RuntimeError(
@@ -186,8 +195,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
                 )
             time.sleep(0.2)
 
-    def _bind(self, run: DagsterRun, resume: bool) -> None:
-        record = self._dispatch(run, resume)
+    def _tag(self, run: DagsterRun, record: WorkerRecord, resume: bool) -> None:
         self._instance.add_run_tags(
             run.run_id,
             {
@@ -195,8 +203,13 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
                 BOOT_TAG: record.boot_id,
                 PID_TAG: str(record.pid),
                 LAUNCHED_AT_TAG: f"{time.time():.6f}",
+                # A resumed run (its worker died mid-run) is visibly "recovered", then moves on.
+                **stages.stage_tags(stages.RECOVERED if resume else stages.CLAIMED),
             },
         )
+
+    def _bind(self, run: DagsterRun, resume: bool) -> None:
+        record = self._dispatch(run, resume)
         verb = "Resumed" if resume else "Launched"
         self._instance.report_engine_event(
             f"{verb} run on device worker {record.name} ({record.device}, pid {record.pid})",

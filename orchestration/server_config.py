@@ -7,7 +7,7 @@ No torch here: server.py, the webserver and the daemon import this.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -51,12 +51,37 @@ class MonitoringConfig(_Strict):
     cancel_timeout_seconds: int = 60
 
 
+class RuntimeConfig(_Strict):
+    """How device workers place weights and admit work (the r2v spec's weight lifecycle)."""
+
+    dit_residency: Literal["auto", "resident", "swap"] = Field(
+        default="auto",
+        description="auto: resident when free VRAM holds the measured peak plus a reserve, else swap "
+        "(group offload). Overrides the inference YAML's offload flag.",
+    )
+    gpu_headroom_fraction: float = Field(default=0.05, ge=0, lt=1)
+    ram_headroom_fraction: float = Field(default=0.10, ge=0, lt=1)
+    idle_seconds: float = Field(
+        default=0, ge=0, description="Release weights after this idle time; 0 = never."
+    )
+    admission_poll_seconds: float = Field(
+        default=1.0, gt=0, description="Re-check of a waiting job's memory."
+    )
+
+
+class SupervisionConfig(_Strict):
+    restart_limit: int = Field(default=5, ge=1, description="Restarts of one child within the window...")
+    restart_window_seconds: float = Field(default=60, gt=0, description="...before the service stops.")
+
+
 class ServerConfig(_Strict):
     state_dir: Path = Field(default=Path("var/server"), description="Instance home, logs, worker registry.")
     webserver: WebserverConfig = WebserverConfig()
     inference: InferenceRef
     workers: WorkersConfig
     monitoring: MonitoringConfig = MonitoringConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    supervision: SupervisionConfig = SupervisionConfig()
     dequeue_interval_seconds: int = 1
     media_root: Path | None = Field(default=None, description="Default: <state_dir>/media.")
     step_storage: Path | None = Field(default=None, description="Default: <state_dir>/steps.")

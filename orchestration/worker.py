@@ -6,7 +6,7 @@ The worker pins its device (``CUDA_VISIBLE_DEVICES``, thread counts) before torc
 is imported, optionally warms the model, registers itself under
 ``<state_dir>/workers/<name>.json`` and serves a small HTTP endpoint:
 
-    GET  /status                 device, boot id, current run, weights, resource snapshot
+    GET  /status                 device, boot id, current run, weights, resource snapshot, admission plan
     POST /runs {run_id, resume}  accept a run if idle (202) or refuse (409)
     POST /runs/<id>/terminate    interrupt that run; the process and its weights survive
 
@@ -15,6 +15,11 @@ entry point (``core_execute_run``): ``capture_interrupts`` and the SIGINT handli
 inside step execution only work there, which is what makes cancel immediate and
 clean. The HTTP endpoint lives on a daemon thread. The model registry
 (``shotloom.runtime.RUNTIMES``) is process-level, so every run reuses the weights.
+
+Before it runs a job the worker admits it by live memory (``shotloom.admission``):
+a job that does not fit now waits (stage ``waiting_for_memory``), one that never can
+fails with the figures. The server YAML's ``runtime`` section sets the DiT residency
+(auto/resident/swap), headroom fractions and idle eviction.
 """
 
 from __future__ import annotations
@@ -79,17 +84,30 @@ def runtimes_snapshot() -> list[dict[str, Any]]:
     if rt_module is None:
         return []
     return [
-        {"config": key[0], "device": key[1], "checkpoint": key[2], "loaded": rt.loaded, "loads": rt.loads}
+        {
+            "config": key[0],
+            "device": key[1],
+            "checkpoint": key[2],
+            "loaded": rt.loaded,
+            "loads": rt.loads,
+            "generator_loads": rt.generator_loads,
+            "location": rt.weight_location(),
+        }
         for key, rt in list(rt_module.RUNTIMES.items())
     ]
 
 
 class Worker:
-    def __init__(self, name: str, device: str, threads: int, state_dir: Path, warm: bool):
+    def __init__(self, name: str, device: str, threads: int, state_dir: Path, warm: bool, runtime_cfg=None):
         from dagster import DagsterInstance
+
+        from orchestration.server_config import RuntimeConfig
 
         self.name, self.device, self.threads = name, device, threads
         self.state_dir, self.warm = state_dir, warm
+        self.runtime_cfg: RuntimeConfig = runtime_cfg or RuntimeConfig()
+        self.admission_plan: dict[str, Any] | None = None
+        self.residency: dict[str, Any] | None = None
         self.boot_id = uuid.uuid4().hex
         self.instance = DagsterInstance.get()
         self.lock = threading.Lock()
@@ -117,12 +135,16 @@ class Worker:
                 "pending_run_id": self.pending_run_id,
                 "finished_run_ids": list(self.finished),
                 "runs_done": self.runs_done,
+                "admission_plan": self.admission_plan,
+                "dit_residency": self.residency,
+                "residency_policy": self.runtime_cfg.dit_residency,
             }
         runtimes = runtimes_snapshot()
         return {
             **base,
             "weights": runtimes,
             "weights_loaded": any(r["loaded"] for r in runtimes),
+            "weight_location": next((r["location"] for r in runtimes), "released"),
             "loads": sum(r["loads"] for r in runtimes),
             "resources": resource_snapshot(),
         }
@@ -152,14 +174,74 @@ class Worker:
     def loads(self) -> int:
         return sum(r["loads"] for r in runtimes_snapshot())
 
-    def _warm(self) -> None:
-        # Through the same resource the ops use, so the registry key (config, device) is identical.
+    def _runtime(self):
+        """The process's runtime, reached through the resource the ops use (same registry key)."""
         from resources.model_runtime import ModelRuntimeResource
+        from shotloom.admission import Headroom
 
+        rt = ModelRuntimeResource().get()
+        rc = self.runtime_cfg
+        rt.headroom = Headroom.from_env(
+            Headroom(gpu_fraction=rc.gpu_headroom_fraction, ram_fraction=rc.ram_headroom_fraction)
+        )
+        if not rt.loaded:  # residency is chosen before a load, from live free memory
+            self.residency = rt.apply_residency(rc.dit_residency).to_json()
+        return rt
+
+    def _warm(self) -> None:
         started = time.perf_counter()
-        runtime = ModelRuntimeResource().get()
-        runtime.adapter  # noqa: B018 - loads the weights
-        log.info("%s warmed %s in %.1fs", self.name, runtime.checkpoint_id, time.perf_counter() - started)
+        runtime = self._runtime()
+        if self._admit(None, runtime):
+            runtime.adapter  # noqa: B018 - loads the weights
+            log.info("%s warmed %s in %.1fs", self.name, runtime.checkpoint_id, time.perf_counter() - started)
+
+    def _admit(self, run_id: str | None, rt) -> bool:
+        """Wait until the job fits in live memory; False if it never can or was canceled meanwhile."""
+        from dagster import DagsterRunStatus
+
+        from shotloom import stages
+
+        waiting = False
+        while True:
+            plan = rt.admission_plan()
+            self.admission_plan = plan.to_json()
+            tags = {stages.ADMISSION_TAG: json.dumps(self.admission_plan)}
+            if plan.verdict == "admit":
+                if run_id is not None:
+                    self.instance.add_run_tags(run_id, tags)
+                return True
+            if run_id is None:  # warm-up: leave it to the first run
+                log.warning("%s: not warming: %s", self.name, plan.message)
+                return False
+            run = self.instance.get_run_by_id(run_id)
+            if plan.verdict == "never":
+                self.instance.add_run_tags(run_id, tags)
+                self.instance.report_run_failed(run, f"Can never fit on {self.device}: {plan.message}")
+                return False
+            if run is None or run.status == DagsterRunStatus.CANCELING:
+                self.instance.report_run_canceled(run, "Canceled while waiting for memory.")
+                return False
+            if not waiting:
+                self.instance.add_run_tags(run_id, {**tags, **stages.stage_tags(stages.WAITING_FOR_MEMORY)})
+                self.instance.report_engine_event(f"Waiting for memory: {plan.message}", run)
+                waiting = True
+            if self.stopping:
+                return False  # leave it STARTING: run monitoring hands it to the next worker
+            time.sleep(self.runtime_cfg.admission_poll_seconds)
+
+    def _evict_if_idle(self) -> None:
+        idle = self.runtime_cfg.idle_seconds
+        if idle <= 0:
+            return
+        for rt in self._loaded_runtimes():
+            if time.monotonic() - rt.last_used >= idle:
+                log.info("%s: idle %.0fs, releasing %s", self.name, idle, rt.checkpoint_id)
+                rt.release()
+
+    @staticmethod
+    def _loaded_runtimes() -> list:
+        rt_module = sys.modules.get("shotloom.runtime")
+        return [rt for rt in rt_module.RUNTIMES.values() if rt.loaded] if rt_module else []
 
     def _execute(self, run_id: str, resume: bool) -> None:
         from dagster import DagsterRunStatus
@@ -181,6 +263,8 @@ class Worker:
             if run.job_code_origin is None:
                 self.instance.report_run_failed(run, "Run has no job code origin.")
                 return
+            if not self._admit(run_id, self._runtime()):
+                return
             recon_job = recon_job_from_origin(run.job_code_origin)
             with capture_interrupts():
                 try:
@@ -201,13 +285,25 @@ class Worker:
         from dagster import DagsterRunStatus
 
         from orchestration.launcher import LOADS_TAG
+        from shotloom import stages
 
+        final = {
+            DagsterRunStatus.SUCCESS: stages.SUCCEEDED,
+            DagsterRunStatus.FAILURE: stages.FAILED,
+            DagsterRunStatus.CANCELED: stages.CANCELED,
+        }
         try:
             run = self.instance.get_run_by_id(run_id)
             if run is not None and run.status == DagsterRunStatus.CANCELING:
                 # Interrupted before Dagster could record it (e.g. the run never reached a step).
                 self.instance.report_run_canceled(run, "Canceled on the device worker.")
-            self.instance.add_run_tags(run_id, {LOADS_TAG: str(self.loads())})
+                run = self.instance.get_run_by_id(run_id)
+            tags = {LOADS_TAG: str(self.loads())}
+            if run is not None and run.status in final:
+                tags.update(stages.stage_tags(final[run.status]))
+            self.instance.add_run_tags(run_id, tags)
+            for rt in self._loaded_runtimes():
+                rt.after_run()  # idle clock, measured CUDA peak
         except Exception:
             log.exception("%s: could not finish bookkeeping for %s", self.name, run_id)
         with self.lock:
@@ -272,6 +368,7 @@ class Worker:
                 try:
                     run_id, resume = self.inbox.get(timeout=0.5)
                 except queue.Empty:
+                    self._evict_if_idle()
                     continue
                 self._execute(run_id, resume)
         finally:
@@ -330,6 +427,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="status port (0 = any free port)")
     parser.add_argument("--no-warm", dest="warm", action="store_false", help="load weights on first run")
+    parser.add_argument("--server-config", default="", help="server YAML (its runtime section)")
     args = parser.parse_args(argv)
 
     device = pin_device(args.device, args.threads)  # before anything imports torch
@@ -339,7 +437,12 @@ def main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(args.threads)
     name = args.name or device.replace(":", "-")
-    Worker(name, device, args.threads, Path(args.state_dir), args.warm).serve(args.host, args.port)
+    from orchestration.server_config import RuntimeConfig, ServerConfig
+
+    runtime_cfg = ServerConfig.load(args.server_config).runtime if args.server_config else RuntimeConfig()
+    Worker(name, device, args.threads, Path(args.state_dir), args.warm, runtime_cfg).serve(
+        args.host, args.port
+    )
 
 
 if __name__ == "__main__":

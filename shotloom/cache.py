@@ -53,3 +53,10 @@ class ConditioningCache:
 
     def put(self, key: str, bundle: TensorBundle) -> Path:
         return bundle.save(self.path(key))
+
+    def encode_lock(self):
+        """Host-wide lock held while an encoder stack runs (one at a time across processes)."""
+        from filelock import FileLock
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root / ".encode.lock"))

@@ -108,6 +108,24 @@ class Audio(_Strict):
     channels: int = Field(default=2, ge=1, le=2)
 
 
+class MemoryEstimates(_Strict):
+    """Working memory beyond the weights, per stage (GiB): what admission and tiering plan with.
+
+    A measured peak of this checkpoint (recorded on CUDA after a run) replaces ``denoise_gib``.
+    """
+
+    conditioning_gib: float = Field(default=2.0, ge=0, description="Encoders' activations on a cache miss.")
+    denoise_gib: float = Field(default=6.0, ge=0, description="DiT activations while sampling.")
+    decode_gib: float = Field(default=4.0, ge=0, description="Tiled VAE decode working memory.")
+    reserve_fraction: float = Field(
+        default=0.05, ge=0, lt=1, description="Device-relative reserve for DiT residency 'auto'."
+    )
+
+    @staticmethod
+    def bytes(gib: float) -> int:
+        return int(gib * (1 << 30))
+
+
 class InferenceConfig(_Strict):
     family: Literal["wan", "ltx2"]
     paths: Paths
@@ -117,6 +135,7 @@ class InferenceConfig(_Strict):
     defaults: Defaults = Defaults()
     tiling: Tiling = Tiling()
     offload: bool = Field(default=False, description="Diffusers group offload of the DiT.")
+    memory: MemoryEstimates = MemoryEstimates()
     audio: Audio = Audio()
     tiny: TinyCheckpoint = TinyCheckpoint()
 

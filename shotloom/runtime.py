@@ -11,15 +11,30 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shotloom import stages
 from shotloom.bundle import TensorBundle
 from shotloom.cache import ConditioningCache, conditioning_key
-from shotloom.config import InferenceConfig, load_inference_config
+from shotloom.config import InferenceConfig, MemoryEstimates, load_inference_config
 from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress
 from shotloom.request import GenerationRequest, MemorySlot
+
+# on_stage(name): told when a generation enters one of shotloom.stages' stages (the ops record it).
+OnStage = Callable[[str], None]
+
+TIER_STAGES = {
+    "keep": stages.KEEPING_ON_GPU,
+    "stage_on_cpu": stages.STAGING_ON_CPU,
+    "release": stages.UNLOADING,
+}
+
+
+def _quiet(_stage: str) -> None:
+    pass
 
 
 @dataclass
@@ -45,11 +60,17 @@ class GenerationResult:
 
 
 class ModelRuntime:
-    def __init__(self, cfg: InferenceConfig, device: str | None = None):
+    def __init__(self, cfg: InferenceConfig, device: str | None = None, probe=None, headroom=None):
+        from shotloom.admission import Headroom, LiveProbe
+
         self.cfg = cfg
         self.device = device or cfg.device
         self.cache = ConditioningCache(cfg.paths.cache_dir)
-        self.loads = 0  # how many times weights were loaded from disk
+        self.probe = probe or LiveProbe(self.device)  # live free memory; a FakeProbe in tests
+        self.headroom = headroom or Headroom.from_env()
+        self.loads = 0  # how many times the whole pipeline was loaded from disk
+        self.last_used = time.monotonic()
+        self.residency = None  # shotloom.admission.ResidencyPlan once a server chose it
         self._adapter: FamilyAdapter | None = None
         self._lock = threading.Lock()
 
@@ -69,8 +90,111 @@ class ModelRuntime:
         return self._adapter is not None
 
     def release(self) -> None:
+        """Drop every weight (out-of-memory recovery, idle eviction); the next stage reloads."""
+        import gc
+
         with self._lock:
             self._adapter = None
+        gc.collect()
+        _empty_device_cache()
+
+    # -- admission (device workers; the standalone CLI obeys its YAML's offload flag) ------------
+    def footprint(self):
+        """Measured tensor storage when loaded, else the checkpoint's files at the configured dtype."""
+        from shotloom.admission import checkpoint_footprint, measured_footprint
+        from shotloom.families import adapter_class
+        from shotloom.families.weights import ensure_checkpoint
+
+        if self._adapter is not None:
+            return measured_footprint(self._adapter.modules())
+        family = adapter_class(self.cfg.family)
+        ensure_checkpoint(self.cfg, family.build_tiny_checkpoint)
+        return checkpoint_footprint(
+            self.cfg.paths.checkpoint, self.cfg.dtype, component_dtypes=family.pinned_dtypes
+        )
+
+    def _peak_id(self) -> str:
+        return f"{self.cfg.family}:{self.cfg.paths.checkpoint}:{self.cfg.dtype}"
+
+    def admission_plan(self, policy: str | None = None):
+        """Residency, requirement and verdict for the next job, from live free memory."""
+        from shotloom.admission import load_measured_peak, plan_admission
+
+        fp = self.footprint()
+        measured = load_measured_peak(self.cfg.paths.cache_dir, self._peak_id())
+        peak = measured or fp.total_bytes + MemoryEstimates.bytes(self.cfg.memory.denoise_gib)
+        if policy is None:  # once placed, a runtime keeps its mode; before, the YAML's flag decides
+            chosen = self.residency.mode if self.residency is not None else None
+            policy = (
+                chosen if chosen in ("resident", "swap") else ("swap" if self.cfg.offload else "resident")
+            )
+        return plan_admission(
+            fp,
+            self.probe,
+            self.headroom,
+            policy=policy,
+            peak_bytes=peak,
+            reserve_fraction=self.cfg.memory.reserve_fraction,
+        )
+
+    def apply_residency(self, policy: str):
+        """Choose resident/swap for the DiT before loading (a server's ``dit_residency``)."""
+        if self.loaded:
+            raise RuntimeError("residency is chosen before the weights are loaded")
+        plan = self.admission_plan(policy).residency
+        if plan.mode in ("resident", "swap"):
+            self.cfg = self.cfg.model_copy(update={"offload": plan.mode == "swap"})
+        self.residency = plan
+        return plan
+
+    def after_run(self) -> None:
+        """Restart the idle clock; on CUDA record the run's peak for future 'auto' decisions."""
+        import torch
+
+        from shotloom.admission import save_measured_peak
+
+        self.last_used = time.monotonic()
+        if _device_type(self.device) == "cuda" and torch.cuda.is_available():
+            mode = self.residency.mode if self.residency is not None else "resident"
+            peak = torch.cuda.max_memory_allocated()
+            save_measured_peak(self.cfg.paths.cache_dir, self._peak_id(), peak, mode=mode)
+            torch.cuda.reset_peak_memory_stats()
+
+    @property
+    def generator_loads(self) -> int:
+        return self._adapter.generator_loads if self._adapter is not None else 0
+
+    def weight_location(self) -> str:
+        """Where the DiT is: 'released' before the first load, else the adapter's answer."""
+        return self._adapter.generator_location() if self._adapter is not None else "released"
+
+    def make_room(self, working_gib: float) -> str:
+        """Weight tiering before a stack that needs ``working_gib`` beside the DiT; returns the stage.
+
+        Keep the DiT where it is when the stack fits beside it, else stage it on the CPU when RAM
+        holds it, else release it (ensure_generator brings it back before the next denoise).
+        """
+        from shotloom.admission import plan_tier
+
+        adapter = self.adapter
+        if adapter.generator_location() == "released":
+            return stages.UNLOADING
+        tier = plan_tier(
+            MemoryEstimates.bytes(working_gib), adapter.generator_bytes(), self.probe, self.headroom
+        )
+        if tier == "stage_on_cpu":
+            adapter.stage_generator_on_cpu()
+        elif tier == "release":
+            adapter.release_generator()
+        return TIER_STAGES[tier]
+
+    def prepare_generator(self, on_stage: OnStage = _quiet) -> None:
+        """Before denoising: bring a staged or released DiT back (stage ``loading_generator``)."""
+        adapter = self.adapter
+        location = adapter.generator_location()
+        if location == "released" or location not in ("offloaded", _device_type(self.device)):
+            on_stage(stages.LOADING_GENERATOR)
+            adapter.ensure_generator()
 
     @property
     def checkpoint_id(self) -> str:
@@ -114,22 +238,54 @@ class ModelRuntime:
                 raise FileNotFoundError(f"input file not found: {path}")
         self.adapter.check(req)
 
-    def condition(self, req: GenerationRequest) -> tuple[TensorBundle, bool]:
-        """Conditioning bundle from the cache, or from the encoders (then cached)."""
+    def condition(self, req: GenerationRequest, on_stage: OnStage = _quiet) -> tuple[TensorBundle, bool]:
+        """Conditioning bundle from the cache, or from the encoders (then cached).
+
+        A miss runs under a host-wide lock on the cache directory: one encoder stack works at a
+        time across the device workers, and a worker that waited finds its twin's result cached.
+        """
+        on_stage(stages.CACHE_LOOKUP)
         key = conditioning_key(self.adapter.encoder_identity(), req)
+        cached = self._cached(key)
+        if cached is not None:
+            return cached, True
+        with self.cache.encode_lock():
+            cached = self._cached(key)
+            if cached is not None:
+                return cached, True
+            on_stage(self.make_room(self.cfg.memory.conditioning_gib))
+            on_stage(stages.CONDITIONING)
+            bundle = self.adapter.encode(req)
+            bundle.meta["cache_key"] = key
+            self.cache.put(key, bundle)
+        return bundle, False
+
+    def _cached(self, key: str) -> TensorBundle | None:
         cached = self.cache.get(key)
         if cached is not None:
             cached.meta["cache_key"] = key
-            return cached, True
-        bundle = self.adapter.encode(req)
-        bundle.meta["cache_key"] = key
-        self.cache.put(key, bundle)
-        return bundle, False
+        return cached
 
-    def denoise(self, cond: TensorBundle, req: GenerationRequest, progress: Progress | None = None):
+    def denoise(
+        self,
+        cond: TensorBundle,
+        req: GenerationRequest,
+        progress: Progress | None = None,
+        on_stage: OnStage = _quiet,
+    ):
+        self.prepare_generator(on_stage)
+        on_stage(stages.INFERRING)
         return self.adapter.denoise(cond, req, progress)
 
-    def decode(self, latents: TensorBundle, req: GenerationRequest, progress: Progress | None = None):
+    def decode(
+        self,
+        latents: TensorBundle,
+        req: GenerationRequest,
+        progress: Progress | None = None,
+        on_stage: OnStage = _quiet,
+    ):
+        self.make_room(self.cfg.memory.decode_gib)  # same tiering as conditioning, for the VAE
+        on_stage(stages.DECODING)
         return self.adapter.decode(latents, req, progress)
 
     def write(self, decoded: DecodedMedia, req: GenerationRequest, output: Path):
@@ -198,6 +354,23 @@ def bundle_to_decoded(bundle: TensorBundle) -> DecodedMedia:
         audio=audio.numpy() if audio is not None else None,
         sample_rate=bundle.meta.get("sample_rate"),
     )
+
+
+def _device_type(device: str) -> str:
+    return device.partition(":")[0]
+
+
+def _empty_device_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.OutOfMemoryError)
 
 
 RUNTIMES: dict[tuple[str, str, str], ModelRuntime] = {}

@@ -10,7 +10,8 @@ from dagster import AssetKey, instance_for_test
 
 from ops.assets import FILM_KEY, SHOT_KEY
 from orchestration.definitions import defs
-from shotloom import media
+from shotloom import media, stages
+from shotloom.admission import FakeProbe
 from shotloom.runtime import get_runtime
 
 
@@ -118,3 +119,83 @@ def test_code_location_does_not_import_torch():
         [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == ["False", "False"]
+
+
+# -- stages, weight tiers, out-of-memory -----------------------------------------------------------
+def run_tags(instance, result) -> dict[str, str]:
+    return dict(instance.get_run_by_id(result.run_id).tags)
+
+
+def test_stages_and_progress_are_run_tags_with_timestamps(instance, tmp_path, wan_config):
+    first = run_shot(instance, tmp_path, wan_config, shot_id="a", prompt="stages, first")
+    assert first.success
+    tags = run_tags(instance, first)
+    times = stages.stage_times(tags)
+    miss = ["validating", "conditioning_cache_lookup", "keeping_generator_on_gpu", "conditioning"]
+    assert list(times) == [*miss, "inferring", "decoding", "writing"]
+    assert list(times.values()) == sorted(times.values())  # entered in the spec's order
+    assert tags[stages.STAGE_TAG] == "writing"  # a device worker then records succeeded/failed
+    assert stages.progress(tags) == {"stage": "decoding", "done": 1, "total": 1}
+
+    logs = instance.all_logs(first.run_id)
+    steps = [e.user_message for e in logs if "denoise step" in (e.user_message or "")]
+    assert steps[-1].endswith("4/4")  # progress of every DMD step reaches the log
+
+    hit = run_shot(instance, tmp_path, wan_config, shot_id="b", prompt="stages, first")
+    times = stages.stage_times(run_tags(instance, hit))
+    assert "conditioning" not in times and "conditioning_cache_lookup" in times  # a hit encodes nothing
+
+
+def test_short_ram_releases_the_generator_and_reloads_it_for_denoise(
+    instance, tmp_path, wan_config, monkeypatch
+):
+    rt = get_runtime(wan_config)
+    normal = run_shot(instance, tmp_path, wan_config, shot_id="n", prompt="tiers", seed=3)
+    loads_before = rt.generator_loads
+    # A host whose free RAM is inside the headroom: no stack fits beside the DiT -> release it.
+    monkeypatch.setattr(rt, "probe", FakeProbe.from_gib(ram_free=0.01, ram_total=16))
+    rt.cache.root = tmp_path / "fresh-cache"  # force a conditioning miss for the same request
+    tight = run_shot(instance, tmp_path, wan_config, shot_id="t", prompt="tiers", seed=3)
+    assert tight.success
+    times = stages.stage_times(run_tags(instance, tight))
+    assert "unloading_for_conditioning" in times and "loading_generator" in times
+    assert times["unloading_for_conditioning"] <= times["conditioning"] <= times["loading_generator"]
+    assert rt.generator_loads == loads_before + 1  # reloaded from the checkpoint for denoise
+    assert rt.weight_location() == "released"  # decode released it again to make room for the VAE
+    outputs = [tmp_path / "media" / r.output_for_node("write_op").path for r in (normal, tight)]
+    a, b = (media.read_frames(p) for p in outputs)
+    assert (a == b).all()  # the reloaded DiT is the same model: same seed, same video
+
+
+def test_out_of_memory_releases_weights_and_retries_once(instance, tmp_path, wan_config, monkeypatch):
+    import torch
+
+    from shotloom.families.wan import WanAdapter
+
+    rt = get_runtime(wan_config)
+    rt.adapter  # noqa: B018 - loaded
+    loads = rt.loads
+    real = WanAdapter.denoise
+    calls = {"n": 0}
+
+    def flaky(self, *args, **kwargs):  # a CUDA OOM cannot happen on CPU: raise what torch raises
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(WanAdapter, "denoise", flaky)
+    result = run_shot(instance, tmp_path, wan_config, shot_id="oom")
+    assert result.success and calls["n"] == 2
+    assert rt.loads == loads + 1  # every weight was released, then loaded again for the retry
+
+    def always(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(WanAdapter, "denoise", always)
+    result = run_shot(instance, tmp_path, wan_config, shot_id="oom2")
+    assert not result.success
+    failure = result.failure_data_for_node("denoise_op")
+    assert "out of memory again after releasing all weights and retrying once" in (
+        failure.user_failure_data.description
+    )

@@ -50,12 +50,17 @@ class FamilyAdapter(ABC):
     """One model family. Instances hold loaded weights; construct with ``load``."""
 
     family: str
+    # Components loaded in float32 whatever the YAML's dtype (admission counts them that way).
+    pinned_dtypes: dict[str, str] = {}
 
     def __init__(self, cfg: InferenceConfig, pipe, device: str):
         self.cfg = cfg
         self.pipe = pipe
         self.device = device
         self.encoder_counter = EncoderCounter()
+        self.generator_loads = 0  # DiT reloads after a release (the first load is not counted)
+        self._generator_classes: dict[str, type] = {}
+        self._generator_configs: dict[str, object] = {}  # configs stay readable while released
 
     # -- checkpoint ---------------------------------------------------------
     @classmethod
@@ -111,3 +116,100 @@ class FamilyAdapter(ABC):
             for m in self.modules().values()
             for p in list(m.parameters()) + list(m.buffers())
         )
+
+    # -- generator tiers (device -> CPU -> released), see shotloom.admission.plan_tier ----------
+    def generator_names(self) -> list[str]:
+        """The DiT(s) this checkpoint has: the only weights moved between tiers."""
+        import torch
+
+        return [
+            n
+            for n, m in self.pipe.components.items()
+            if n.startswith("transformer")
+            and (isinstance(m, torch.nn.Module) or n in self._generator_classes)
+        ]
+
+    def generator_config(self):
+        """The (first) DiT's config, also while the DiT itself is released."""
+        name = self.generator_names()[0]
+        module = getattr(self.pipe, name, None)
+        return module.config if module is not None else self._generator_configs[name]
+
+    def generator_location(self) -> str:
+        """'released', 'offloaded' (group offload streams blocks in), or the device type it sits on."""
+        import torch
+
+        modules = [getattr(self.pipe, n, None) for n in self.generator_names()]
+        if not modules or any(m is None for m in modules):
+            return "released"
+        if self.cfg.offload and torch.device(self.device).type == "cuda":
+            return "offloaded"
+        return next(modules[0].parameters()).device.type
+
+    def generator_bytes(self) -> int:
+        import torch
+
+        mods = [getattr(self.pipe, n, None) for n in self.generator_names()]
+        return sum(
+            t.numel() * t.element_size()
+            for m in mods
+            if isinstance(m, torch.nn.Module)
+            for t in list(m.parameters()) + list(m.buffers())
+        )
+
+    def stage_generator_on_cpu(self) -> None:
+        """Make room on the device for another stack; the DiT comes back with ensure_generator."""
+        if self.cfg.offload:
+            return  # group offload already keeps the DiT on CPU between blocks
+        for name in self.generator_names():
+            if (module := getattr(self.pipe, name, None)) is not None:
+                module.to("cpu")
+        _empty_device_cache()
+
+    def release_generator(self) -> None:
+        """Drop the DiT from memory (the last tier); ensure_generator reloads it from the checkpoint."""
+        for name in self.generator_names():
+            module = getattr(self.pipe, name, None)
+            if module is not None:
+                self._generator_classes[name] = type(module)
+                self._generator_configs[name] = module.config
+                setattr(self.pipe, name, None)
+        import gc
+
+        gc.collect()
+        _empty_device_cache()
+
+    def ensure_generator(self) -> bool:
+        """Bring the DiT back onto the device; True when it had to be loaded or moved."""
+        import torch
+
+        from shotloom.families.weights import place_module
+
+        changed = False
+        for name in self.generator_names():
+            module = getattr(self.pipe, name, None)
+            if module is None and name in self._generator_classes:
+                module = self._generator_classes[name].from_pretrained(
+                    str(self.cfg.paths.checkpoint / name), local_files_only=True, dtype=self.generator_dtype()
+                )
+                setattr(self.pipe, name, module)
+                place_module(name, module, self.device, self.cfg.offload)
+                self.generator_loads += 1
+                changed = True
+            elif isinstance(module, torch.nn.Module) and not self.cfg.offload:
+                if next(module.parameters()).device != torch.device(self.device):
+                    module.to(self.device)
+                    changed = True
+        return changed
+
+    def generator_dtype(self):
+        import torch
+
+        return getattr(torch, self.cfg.dtype)
+
+
+def _empty_device_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

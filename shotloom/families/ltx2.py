@@ -282,6 +282,8 @@ def _check_sigmas(scheduler, sampler: Sampler) -> None:
 # -- adapter -------------------------------------------------------------------------------------
 class LTX2Adapter(FamilyAdapter):
     family = "ltx2"
+    # Small, and the waveform degrades audibly in half precision.
+    pinned_dtypes = {"audio_vae": "float32", "vocoder": "float32"}
 
     # -- checkpoint -----------------------------------------------------------------------------
     @classmethod
@@ -296,8 +298,7 @@ class LTX2Adapter(FamilyAdapter):
         ckpt = ensure_checkpoint(cfg, cls.build_tiny_checkpoint)
         from diffusers import DiffusionPipeline, LTX2ConditionPipeline
 
-        # Audio VAE and vocoder stay float32: small, and the waveform degrades audibly in half precision.
-        dtype = {"default": DTYPES[cfg.dtype], "audio_vae": torch.float32, "vocoder": torch.float32}
+        dtype = {"default": DTYPES[cfg.dtype], **{k: DTYPES[v] for k, v in cls.pinned_dtypes.items()}}
         pipe = DiffusionPipeline.from_pretrained(str(ckpt), local_files_only=True, dtype=dtype)
         name = type(pipe).__name__
         if name not in SUPPORTED_PIPELINES:

@@ -14,6 +14,7 @@ import string
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -129,9 +130,15 @@ def _pipeline_kind(pipe) -> str:
     return name
 
 
-def _transformer(pipe):
-    """The (first) DiT; Wan 2.2 checkpoints may carry only ``transformer_2``."""
-    return pipe.transformer if pipe.transformer is not None else pipe.transformer_2
+class _DitConfigView:
+    """The pipeline, with a DiT that is only its config (all diffusers' helpers read of it)."""
+
+    def __init__(self, pipe, config):
+        self._pipe = pipe
+        self.transformer = SimpleNamespace(config=config)
+
+    def __getattr__(self, name: str):
+        return getattr(self._pipe, name)
 
 
 def _load_rgb(path: Path, width: int, height: int) -> Image.Image:
@@ -174,6 +181,7 @@ def _patched(obj: Any, **methods: Callable) -> Iterator[None]:
 # -- adapter -------------------------------------------------------------------------------------
 class WanAdapter(FamilyAdapter):
     family = "wan"
+    pinned_dtypes = {"vae": "float32"}  # upstream runs the Wan VAE in float32
 
     # -- checkpoint -----------------------------------------------------------------------------
     @classmethod
@@ -191,10 +199,9 @@ class WanAdapter(FamilyAdapter):
         from diffusers import DiffusionPipeline
 
         dtype = DTYPES[cfg.dtype]
-        # The Wan VAE stays float32 (as upstream recommends); ``torch_dtype`` is deprecated for ``dtype``.
-        pipe = DiffusionPipeline.from_pretrained(
-            str(ckpt), local_files_only=True, dtype={"default": dtype, "vae": torch.float32}
-        )
+        # ``torch_dtype`` is deprecated for ``dtype``; pinned components (the VAE) stay float32.
+        dtypes = {"default": dtype, **{k: DTYPES[v] for k, v in cls.pinned_dtypes.items()}}
+        pipe = DiffusionPipeline.from_pretrained(str(ckpt), local_files_only=True, dtype=dtypes)
         _pipeline_kind(pipe)
         pipe.scheduler = make_dmd_scheduler(pipe.scheduler.config, cfg.sampler.sigmas, cfg.sampler.shift)
         pipe.set_progress_bar_config(disable=True)
@@ -249,7 +256,7 @@ class WanAdapter(FamilyAdapter):
     @property
     def capabilities(self) -> Capabilities:
         kind = self.kind
-        transformer = _transformer(self.pipe)
+        dit = self.generator_config()
         ti2v = bool(self.pipe.config.get("expand_timesteps", False))  # 2.2 TI2V: first frame only
         return Capabilities(
             max_reference_images=MAX_VACE_REFERENCES if kind == VACE else 0,
@@ -258,7 +265,7 @@ class WanAdapter(FamilyAdapter):
             audio_in=False,
             audio_out=False,
             frame_multiple=self.pipe.vae_scale_factor_temporal,
-            size_multiple=self.pipe.vae_scale_factor_spatial * transformer.config.patch_size[1],
+            size_multiple=self.pipe.vae_scale_factor_spatial * dit.patch_size[1],
             fps=FPS,
             guidance_range=GUIDANCE_RANGE,
         )
@@ -332,7 +339,8 @@ class WanAdapter(FamilyAdapter):
             video, mask, refs, 1, req.height, req.width, req.num_frames, torch.float32, device
         )
         latents = pipe.prepare_video_latents(video, mask, refs, None, device)
-        masks = pipe.prepare_masks(mask, refs, None)
+        # prepare_masks reads the DiT's patch size; the DiT may be released while encoders run.
+        masks = type(pipe).prepare_masks(_DitConfigView(pipe, self.generator_config()), mask, refs, None)
         return {"vace_video_latents": latents, "vace_mask": masks}, len(refs[0])
 
     def _encode_i2v(self, req: GenerationRequest, device) -> dict[str, torch.Tensor]:
@@ -362,7 +370,7 @@ class WanAdapter(FamilyAdapter):
         tensors = {"i2v_condition": out[1]}
         if len(out) == 3:
             tensors["i2v_first_frame_mask"] = out[2]
-        if _transformer(pipe).config.image_dim is not None:  # Wan 2.1 I2V: CLIP image embeddings
+        if self.generator_config().image_dim is not None:  # Wan 2.1 I2V: CLIP image embeddings
             tensors["image_embeds"] = pipe.encode_image(first if last is None else [first, last], device)
         return tensors
 

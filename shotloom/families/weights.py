@@ -30,25 +30,26 @@ def publish_checkpoint(tmp: Path, out: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def place_pipeline(pipe, device: str, offload: bool) -> None:
-    """Move to the device; with offload on CUDA, stream the DiT blocks in with group offloading."""
+def place_module(name: str, module, device: str, offload: bool) -> None:
+    """Put one pipeline component on the device; with offload on CUDA the DiT streams in by blocks."""
     dev = torch.device(device)
-    if not (offload and dev.type == "cuda"):
-        pipe.to(dev)  # on CPU offloading is a no-op: the weights already live there
-        return
+    if offload and dev.type == "cuda" and name.startswith("transformer"):  # Wan 2.2 has transformer_2
+        module.enable_group_offload(
+            onload_device=dev,
+            offload_device=torch.device("cpu"),
+            offload_type="block_level",
+            num_blocks_per_group=1,
+            use_stream=True,
+        )
+    else:
+        module.to(dev)  # on CPU offloading is a no-op: the weights already live there
+
+
+def place_pipeline(pipe, device: str, offload: bool) -> None:
+    """Move every component to the device (the DiT by group offloading when ``offload`` on CUDA)."""
     for name, module in pipe.components.items():
-        if not isinstance(module, torch.nn.Module):
-            continue
-        if name.startswith("transformer"):  # Wan 2.2 has transformer_2 as well
-            module.enable_group_offload(
-                onload_device=dev,
-                offload_device=torch.device("cpu"),
-                offload_type="block_level",
-                num_blocks_per_group=1,
-                use_stream=True,
-            )
-        else:
-            module.to(dev)
+        if isinstance(module, torch.nn.Module):
+            place_module(name, module, device, offload)
 
 
 def build_checkpoint(out_dir: Path, seed: int, make_pipeline) -> Path:

@@ -1,0 +1,96 @@
+"""``GET /media/{asset_path}``: stream a stored file from below ``media_root``, with HTTP Range.
+
+Only regular files whose real path (symlinks resolved) lies inside ``media_root`` are served. Every
+refusal (missing file, directory, ``..``, percent-encoded traversal, absolute path, a symlink leading
+outside) answers the same 404 body, so a client cannot tell "outside" from "missing".
+
+Range requests are handled by Starlette's ``FileResponse`` (Starlette >= 0.39; pinned 1.10 here):
+``bytes=a-b``, ``bytes=a-`` and ``bytes=-n`` answer 206 with ``Content-Range``; an unsatisfiable
+range answers 416; ``Accept-Ranges: bytes`` is always sent.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import os
+import stat
+import urllib.parse
+from pathlib import Path, PurePosixPath
+
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+
+__all__ = ["NOT_FOUND_BODY", "media_router", "resolve_media_path"]
+
+NOT_FOUND_BODY = {"detail": "Not Found"}  # the same body as an unmatched route
+
+_MEDIA_TYPES = {
+    ".mp4": "video/mp4",
+    ".m4a": "audio/mp4",
+    ".wav": "audio/wav",
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".webp": "image/webp",
+    ".json": "application/json",
+}
+
+
+def resolve_media_path(media_root: Path, asset_path: str) -> tuple[Path, os.stat_result] | None:
+    """The regular file ``asset_path`` names below ``media_root`` (and its stat), or None."""
+    # Decode again: a client (or proxy) may have double-encoded the separators and dots.
+    decoded = urllib.parse.unquote(asset_path)
+    if not decoded or "\x00" in decoded or "\\" in decoded:
+        return None
+    pure = PurePosixPath(decoded)
+    if pure.is_absolute() or any(part in ("..", ".") for part in pure.parts) or decoded.startswith("/"):
+        return None
+    root = media_root.resolve()
+    try:
+        real = (root / pure).resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    if not real.is_relative_to(root) or real == root:
+        return None
+    try:
+        st = real.stat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return real, st
+
+
+def media_router(media_root: Path) -> APIRouter:
+    """A router serving ``GET``/``HEAD /media/{asset_path:path}`` from ``media_root``."""
+    root = Path(media_root)
+    router = APIRouter(tags=["media"])
+
+    @router.api_route(
+        "/media/{asset_path:path}",
+        methods=["GET", "HEAD"],
+        response_class=FileResponse,
+        responses={
+            200: {"content": {"video/mp4": {}}, "description": "The whole file."},
+            206: {"description": "The requested byte range."},
+            404: {"description": "Missing file or a path outside media_root."},
+            416: {"description": "Range not satisfiable."},
+        },
+    )
+    def get_media(asset_path: str, request: Request) -> Response:
+        # The raw path as sent (before the router decoded it) must not traverse either.
+        raw = request.scope.get("raw_path", b"").decode("latin-1")
+        if ".." in urllib.parse.unquote(urllib.parse.unquote(raw)).split("/"):
+            return JSONResponse(NOT_FOUND_BODY, status_code=404)
+        found = resolve_media_path(root, asset_path)
+        if found is None:
+            return JSONResponse(NOT_FOUND_BODY, status_code=404)
+        path, st = found
+        media_type = _MEDIA_TYPES.get(path.suffix.lower()) or mimetypes.guess_type(path.name)[0]
+        return FileResponse(
+            path,
+            media_type=media_type or "application/octet-stream",
+            stat_result=st,
+        )
+
+    return router

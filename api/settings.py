@@ -1,0 +1,79 @@
+"""The API's part of the server YAML (embedded as ``ServerConfig.api``).
+
+Pure pydantic: no Dagster, no torch. Relative paths are resolved by the caller (the server config).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MiB = 1024 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputPolicy(_Strict):
+    """What the input boundary accepts for image/audio/video resources (r2v spec "Input boundary")."""
+
+    allowed_roots: list[Path] = Field(
+        default_factory=list,
+        description="Absolute local paths and file:// URLs are accepted only below these directories "
+        "(after resolving symlinks). Empty: no local paths at all.",
+    )
+    fetch_urls: bool = Field(default=True, description="Fetch http(s) URLs; off: refuse them.")
+    allow_private_addresses: bool = Field(
+        default=False,
+        description="Allow URLs whose host resolves to a private, loopback, link-local or reserved address.",
+    )
+    max_bytes: int = Field(default=50 * MiB, gt=0, description="Largest accepted resource (decoded).")
+    max_pixels: int = Field(default=4096 * 4096, gt=0, description="Largest accepted image (width x height).")
+    fetch_timeout_seconds: float = Field(default=20.0, gt=0)
+
+    def resolved(self, base: Path) -> InputPolicy:
+        """Relative ``allowed_roots`` made absolute against ``base`` (the input boundary ignores
+        relative roots)."""
+        roots = [r if r.is_absolute() else (Path(base) / r).resolve() for r in self.allowed_roots]
+        return self.model_copy(update={"allowed_roots": roots})
+
+
+class ApiConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8221, ge=1, le=65535)
+    public_url: str | None = Field(
+        default=None, description="Base of status_url/video_url; default http://<host>:<port>."
+    )
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL of the service store; default sqlite under the state dir."
+    )
+    callback_max_attempts: int = Field(default=8, ge=0, description="0 = retry forever.")
+    callback_backoff_seconds: float = Field(default=2.0, ge=0)
+    callback_timeout_seconds: float = Field(default=10.0, gt=0)
+    max_queue: int = Field(
+        default=100, ge=1, description="Queued jobs (per kind) past which POST answers 503."
+    )
+    inputs: InputPolicy = Field(default_factory=InputPolicy)
+
+    def base_url(self) -> str:
+        """Public base URL without a trailing slash."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    def resolved_database_url(self, state_dir: Path) -> str:
+        """The configured URL, or ``sqlite:///<state_dir>/api/service.sqlite``."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(Path(state_dir) / 'api' / 'service.sqlite').as_posix()}"
+
+    def assets_dir(self, state_dir: Path) -> Path:
+        """Where accepted input resources are stored, content-addressed."""
+        return Path(state_dir) / "api" / "inputs"

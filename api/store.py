@@ -1,0 +1,765 @@
+"""The API's service store: versions (jobs), idempotency keys, artifact index, input assets, callback outbox.
+
+SQLAlchemy 2.x ORM over any SQLAlchemy URL: SQLite by default (WAL, busy timeout, ``BEGIN IMMEDIATE`` for
+writes so concurrent writers queue up instead of failing), PostgreSQL works with the same code.
+Every public method is its own short transaction and returns plain frozen dataclasses (no ORM object
+escapes a session). Times are unix seconds (float).
+
+Dagster's run storage stays the source of truth for runs; this store maps the service's ids onto runs
+(``version_id`` -> current ``run_id``, following retries) and keeps what Dagster does not: idempotency,
+the artifact index the HTTP routes answer from, stored input resources and pending callbacks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sqlalchemy import (
+    JSON,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    func,
+    select,
+    tuple_,
+)
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+JobKind = Literal["r2v", "merge"]
+JobStatus = Literal["queued", "running", "succeeded", "failed"]
+STATUSES: tuple[str, ...] = ("queued", "running", "succeeded", "failed")
+FINISHED: tuple[str, ...] = ("succeeded", "failed")
+DeliveryStatus = Literal["pending", "delivered", "gave_up"]
+
+__all__ = [
+    "AcceptResult",
+    "ArtifactRecord",
+    "CallbackDelivery",
+    "IdempotencyConflict",
+    "InputAssetRecord",
+    "JobRecord",
+    "NewJob",
+    "Store",
+    "UnknownVersion",
+    "backoff_delay",
+    "payload_hash",
+]
+
+
+def payload_hash(normalized: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of a normalized request (sorted keys, no whitespace)."""
+    canonical = json.dumps(normalized, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def backoff_delay(attempts: int, base_seconds: float, cap_seconds: float = 300.0) -> float:
+    """Exponential backoff after ``attempts`` failed deliveries: base, 2*base, 4*base, ... capped."""
+    return min(cap_seconds, base_seconds * (2 ** max(0, attempts - 1)))
+
+
+class IdempotencyConflict(Exception):
+    """The ``job_id`` is already bound to a different payload (HTTP 409)."""
+
+    def __init__(self, job_id: str, version_id: str):
+        super().__init__(f"job_id {job_id!r} was already used for a different request (version {version_id})")
+        self.job_id = job_id
+        self.version_id = version_id
+
+
+class UnknownVersion(KeyError):
+    """No job with this version id (HTTP 404)."""
+
+
+# -- tables -------------------------------------------------------------------------------------
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    version_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    work_id: Mapped[str] = mapped_column(String(255))
+    shot_id: Mapped[str | None] = mapped_column(String(255))
+    job_id: Mapped[str | None] = mapped_column(String(255))
+    payload_hash: Mapped[str] = mapped_column(String(64))
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    callback_url: Mapped[str | None] = mapped_column(Text)
+    callback_context: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    stage: Mapped[str] = mapped_column(String(64), default="queued")
+    error: Mapped[str | None] = mapped_column(Text)
+    run_id: Mapped[str | None] = mapped_column(String(64))
+    root_run_id: Mapped[str | None] = mapped_column(String(64))
+    submitted_at: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+    __table_args__ = (
+        Index("ix_jobs_kind_status_created", "kind", "status", "created_at"),
+        Index("ix_jobs_shot", "work_id", "shot_id", "status"),
+        Index("ix_jobs_run_id", "run_id"),
+        Index("ix_jobs_submitted", "submitted_at"),
+    )
+
+
+class IdempotencyKey(Base):
+    __tablename__ = "idempotency_keys"
+
+    job_id: Mapped[str] = mapped_column(String(255), primary_key=True)  # PK: unique by construction
+    version_id: Mapped[str] = mapped_column(ForeignKey("jobs.version_id"))
+    payload_hash: Mapped[str] = mapped_column(String(64))
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+
+    artifact_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    version_id: Mapped[str] = mapped_column(ForeignKey("jobs.version_id"), index=True)
+    work_id: Mapped[str] = mapped_column(String(255))
+    shot_id: Mapped[str | None] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(32))
+    role: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(Text)  # relative to media_root
+    url_path: Mapped[str] = mapped_column(Text)  # e.g. /media/r2v/demo/shot-1/<id>/output.mp4
+    bytes: Mapped[int | None] = mapped_column(Integer)
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
+
+    __table_args__ = (UniqueConstraint("version_id", "path", name="uq_artifacts_version_path"),)
+
+
+class InputAsset(Base):
+    __tablename__ = "input_assets"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    path: Mapped[str] = mapped_column(Text)  # relative to the assets dir
+    media_type: Mapped[str] = mapped_column(String(128))
+    bytes: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class CallbackOutbox(Base):
+    __tablename__ = "callback_outbox"
+
+    delivery_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    version_id: Mapped[str] = mapped_column(ForeignKey("jobs.version_id"), unique=True)  # one per job
+    url: Mapped[str] = mapped_column(Text)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+    delivered_at: Mapped[float | None] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_outbox_due", "status", "next_attempt_at"),)
+
+
+# -- records returned to callers ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NewJob:
+    kind: JobKind
+    work_id: str
+    request: dict[str, Any]  # normalized request, incl. resolved input asset paths
+    payload_hash: str  # see payload_hash(); decides idempotent replay vs 409
+    shot_id: str | None = None
+    job_id: str | None = None
+    callback_url: str | None = None
+    callback_context: dict[str, Any] | None = None
+    version_id: str | None = None  # default: a fresh uuid4 hex
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    version_id: str
+    kind: str
+    work_id: str
+    shot_id: str | None
+    job_id: str | None
+    payload_hash: str
+    request: dict[str, Any]
+    callback_url: str | None
+    callback_context: dict[str, Any] | None
+    status: str
+    stage: str
+    error: str | None
+    run_id: str | None
+    root_run_id: str | None
+    submitted_at: float | None
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    result: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class AcceptResult:
+    version_id: str
+    created: bool  # False: an idempotent replay of an earlier request with the same job_id
+    job: JobRecord
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    artifact_id: str
+    version_id: str
+    work_id: str
+    shot_id: str | None
+    kind: str
+    role: str
+    path: str
+    url_path: str
+    bytes: int | None
+    sha256: str | None
+    created_at: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InputAssetRecord:
+    sha256: str
+    path: str
+    media_type: str
+    bytes: int
+    created_at: float
+
+
+@dataclass(frozen=True)
+class CallbackDelivery:
+    delivery_id: str
+    version_id: str
+    url: str
+    payload: dict[str, Any]
+    attempts: int
+    next_attempt_at: float | None
+    status: str
+    last_error: str | None
+    created_at: float
+    delivered_at: float | None
+
+
+def _job_record(row: Job) -> JobRecord:
+    return JobRecord(
+        version_id=row.version_id,
+        kind=row.kind,
+        work_id=row.work_id,
+        shot_id=row.shot_id,
+        job_id=row.job_id,
+        payload_hash=row.payload_hash,
+        request=row.request,
+        callback_url=row.callback_url,
+        callback_context=row.callback_context,
+        status=row.status,
+        stage=row.stage,
+        error=row.error,
+        run_id=row.run_id,
+        root_run_id=row.root_run_id,
+        submitted_at=row.submitted_at,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        finished_at=row.finished_at,
+        result=row.result,
+    )
+
+
+def _artifact_record(row: Artifact) -> ArtifactRecord:
+    return ArtifactRecord(
+        artifact_id=row.artifact_id,
+        version_id=row.version_id,
+        work_id=row.work_id,
+        shot_id=row.shot_id,
+        kind=row.kind,
+        role=row.role,
+        path=row.path,
+        url_path=row.url_path,
+        bytes=row.bytes,
+        sha256=row.sha256,
+        created_at=row.created_at,
+        metadata=dict(row.metadata_ or {}),
+    )
+
+
+def _asset_record(row: InputAsset) -> InputAssetRecord:
+    return InputAssetRecord(
+        sha256=row.sha256,
+        path=row.path,
+        media_type=row.media_type,
+        bytes=row.bytes,
+        created_at=row.created_at,
+    )
+
+
+def _delivery_record(row: CallbackOutbox) -> CallbackDelivery:
+    return CallbackDelivery(
+        delivery_id=row.delivery_id,
+        version_id=row.version_id,
+        url=row.url,
+        payload=row.payload,
+        attempts=row.attempts,
+        next_attempt_at=row.next_attempt_at,
+        status=row.status,
+        last_error=row.last_error,
+        created_at=row.created_at,
+        delivered_at=row.delivered_at,
+    )
+
+
+class _Unset:
+    pass
+
+
+_UNSET: Any = _Unset()
+
+
+# -- engine -------------------------------------------------------------------------------------
+
+_READ_OPTION = "shotloom_read_only"
+
+
+def _sqlite_engine(url: str, busy_timeout_s: float) -> Engine:
+    parsed = make_url(url)
+    database = parsed.database
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": busy_timeout_s})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let us issue BEGIN ourselves (pysqlite's implicit BEGIN is DEFERRED, which turns a
+        # read-then-write transaction into an immediate SQLITE_BUSY under concurrency).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        # Writers take the write lock up front; the busy timeout queues them. Reads stay deferred.
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ_OPTION) else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+class Store:
+    """The service store. Thread-safe: every method opens its own session and transaction."""
+
+    def __init__(self, url: str, *, busy_timeout_s: float = 30.0, create: bool = True):
+        self.url = url
+        if make_url(url).get_backend_name() == "sqlite":
+            self.engine = _sqlite_engine(url, busy_timeout_s)
+        else:
+            self.engine = create_engine(url, pool_pre_ping=True)
+        self._read_engine = self.engine.execution_options(**{_READ_OPTION: True})
+        if create:
+            self.create_schema()
+
+    def create_schema(self) -> None:
+        Base.metadata.create_all(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with Session(self._read_engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    def accept(self, job: NewJob) -> AcceptResult:
+        """Insert the job (and its idempotency key) atomically.
+
+        Same ``job_id`` and same ``payload_hash``: returns the existing version with ``created=False``.
+        Same ``job_id``, different hash (or kind): raises :class:`IdempotencyConflict`. Two racing
+        requests with one ``job_id``: the key's primary key lets exactly one insert win; the other
+        re-reads the winner.
+        """
+        now = time.time()
+        version_id = job.version_id or uuid.uuid4().hex
+        try:
+            with self._write() as s:
+                row = Job(
+                    version_id=version_id,
+                    kind=job.kind,
+                    work_id=job.work_id,
+                    shot_id=job.shot_id,
+                    job_id=job.job_id,
+                    payload_hash=job.payload_hash,
+                    request=job.request,
+                    callback_url=job.callback_url,
+                    callback_context=job.callback_context,
+                    status="queued",
+                    stage="queued",
+                    created_at=now,
+                    updated_at=now,
+                )
+                s.add(row)
+                s.flush()  # the job first: the key's foreign key points at it
+                if job.job_id is not None:
+                    s.add(
+                        IdempotencyKey(
+                            job_id=job.job_id, version_id=version_id, payload_hash=job.payload_hash
+                        )
+                    )
+                    s.flush()
+                record = _job_record(row)
+            return AcceptResult(version_id=version_id, created=True, job=record)
+        except IntegrityError:
+            if job.job_id is None:
+                raise
+        with self._read() as s:
+            key = s.get(IdempotencyKey, job.job_id)
+            if key is None:  # the integrity error was something else (e.g. an explicit version_id reused)
+                raise RuntimeError(f"could not insert job {version_id}") from None
+            existing = s.get(Job, key.version_id)
+            assert existing is not None
+            if key.payload_hash != job.payload_hash or existing.kind != job.kind:
+                raise IdempotencyConflict(job.job_id, key.version_id)
+            return AcceptResult(version_id=key.version_id, created=False, job=_job_record(existing))
+
+    def get(self, version_id: str) -> JobRecord | None:
+        with self._read() as s:
+            row = s.get(Job, version_id)
+            return _job_record(row) if row is not None else None
+
+    def by_run_id(self, run_id: str) -> JobRecord | None:
+        """The job whose current or root run is ``run_id``."""
+        with self._read() as s:
+            row = s.scalars(
+                select(Job).where((Job.run_id == run_id) | (Job.root_run_id == run_id)).limit(1)
+            ).first()
+            return _job_record(row) if row is not None else None
+
+    def _job_for_update(self, s: Session, version_id: str) -> Job:
+        row = s.get(Job, version_id, with_for_update=True)
+        if row is None:
+            raise UnknownVersion(version_id)
+        return row
+
+    def mark_submitted(self, version_id: str, run_id: str) -> bool:
+        """Record the Dagster run a job was submitted as. False if it was already submitted (kept)."""
+        with self._write() as s:
+            row = self._job_for_update(s, version_id)
+            if row.submitted_at is not None:
+                return False
+            now = time.time()
+            row.run_id = run_id
+            row.root_run_id = row.root_run_id or run_id
+            row.submitted_at = now
+            row.updated_at = now
+            return True
+
+    def unsubmitted(self) -> list[JobRecord]:
+        """Accepted jobs never handed to Dagster (e.g. the process died in between), oldest first."""
+        with self._read() as s:
+            rows = s.scalars(
+                select(Job)
+                .where(Job.submitted_at.is_(None), Job.status.in_(("queued", "running")))
+                .order_by(Job.created_at, Job.version_id)
+            ).all()
+            return [_job_record(r) for r in rows]
+
+    def unfinished(self, kind: JobKind | None = None) -> list[JobRecord]:
+        """Submitted jobs still queued or running (what a status follower polls), oldest first."""
+        with self._read() as s:
+            q = select(Job).where(Job.submitted_at.is_not(None), Job.status.in_(("queued", "running")))
+            if kind is not None:
+                q = q.where(Job.kind == kind)
+            rows = s.scalars(q.order_by(Job.created_at, Job.version_id)).all()
+            return [_job_record(r) for r in rows]
+
+    def update_status(
+        self,
+        version_id: str,
+        *,
+        status: JobStatus | None = None,
+        stage: str | None = None,
+        error: str | None = _UNSET,
+        result: dict[str, Any] | None = _UNSET,
+    ) -> JobRecord:
+        """Change status/stage/error/result (arguments left out are kept). Entering succeeded or failed
+        stamps ``finished_at``; a finished job is not moved back to queued/running."""
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
+        with self._write() as s:
+            row = self._job_for_update(s, version_id)
+            now = time.time()
+            if status is not None and not (row.status in FINISHED and status not in FINISHED):
+                if status in FINISHED and row.status != status:
+                    row.finished_at = now
+                row.status = status
+            if stage is not None:
+                row.stage = stage
+            if error is not _UNSET:
+                row.error = error
+            if result is not _UNSET:
+                row.result = result
+            row.updated_at = now
+            return _job_record(row)
+
+    def follow_run(self, version_id: str, new_run_id: str) -> JobRecord:
+        """Point the version at a retry's run (a retry gets a new run id; the root run id is kept)."""
+        with self._write() as s:
+            row = self._job_for_update(s, version_id)
+            now = time.time()
+            row.root_run_id = row.root_run_id or row.run_id or new_run_id
+            row.run_id = new_run_id
+            if row.submitted_at is None:
+                row.submitted_at = now
+            row.updated_at = now
+            return _job_record(row)
+
+    def queue_position(self, version_id: str) -> int | None:
+        """1-based FIFO position among queued jobs of the same kind; None unless the job is queued."""
+        with self._read() as s:
+            row = s.get(Job, version_id)
+            if row is None or row.status != "queued":
+                return None
+            ahead = s.scalar(
+                select(func.count())
+                .select_from(Job)
+                .where(
+                    Job.kind == row.kind,
+                    Job.status == "queued",
+                    tuple_(Job.created_at, Job.version_id) < tuple_(row.created_at, row.version_id),
+                )
+            )
+            return int(ahead or 0) + 1
+
+    def counts_by_status(self, kind: JobKind) -> dict[str, int]:
+        """{queued, running, succeeded, failed: n} for one kind (zeros included)."""
+        with self._read() as s:
+            rows = s.execute(
+                select(Job.status, func.count()).where(Job.kind == kind).group_by(Job.status)
+            ).all()
+        counts = dict.fromkeys(STATUSES, 0)
+        counts.update({status: int(n) for status, n in rows})
+        return counts
+
+    def newest_succeeded_shot(self, work_id: str, shot_id: str) -> JobRecord | None:
+        """The newest successful R2V job for ``(work_id, shot_id)`` (a memory slot's ``shot_id``)."""
+        with self._read() as s:
+            row = s.scalars(
+                select(Job)
+                .where(
+                    Job.kind == "r2v",
+                    Job.work_id == work_id,
+                    Job.shot_id == shot_id,
+                    Job.status == "succeeded",
+                )
+                .order_by(Job.finished_at.desc(), Job.created_at.desc())
+                .limit(1)
+            ).first()
+            return _job_record(row) if row is not None else None
+
+    # -- artifacts ------------------------------------------------------------------------------
+
+    def add_artifact(
+        self,
+        version_id: str,
+        *,
+        kind: str,
+        role: str,
+        path: str,
+        url_path: str,
+        bytes: int | None = None,  # noqa: A002 - the column's name
+        sha256: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        work_id: str | None = None,
+        shot_id: str | None = None,
+        artifact_id: str | None = None,
+    ) -> ArtifactRecord:
+        """Index one produced file (``path`` relative to media_root). Idempotent per (version, path):
+        recording the same file again returns the existing record. work_id/shot_id default to the job's."""
+        try:
+            with self._write() as s:
+                job = s.get(Job, version_id)
+                if job is None:
+                    raise UnknownVersion(version_id)
+                row = Artifact(
+                    artifact_id=artifact_id or uuid.uuid4().hex,
+                    version_id=version_id,
+                    work_id=work_id if work_id is not None else job.work_id,
+                    shot_id=shot_id if shot_id is not None else job.shot_id,
+                    kind=kind,
+                    role=role,
+                    path=path,
+                    url_path=url_path,
+                    bytes=bytes,
+                    sha256=sha256,
+                    created_at=time.time(),
+                    metadata_=metadata or {},
+                )
+                s.add(row)
+                s.flush()
+                return _artifact_record(row)
+        except IntegrityError:
+            with self._read() as s:
+                existing = s.scalars(
+                    select(Artifact).where(Artifact.version_id == version_id, Artifact.path == path)
+                ).first()
+                if existing is None:
+                    raise
+                return _artifact_record(existing)
+
+    def get_artifact(self, artifact_id: str) -> ArtifactRecord | None:
+        with self._read() as s:
+            row = s.get(Artifact, artifact_id)
+            return _artifact_record(row) if row is not None else None
+
+    def artifacts_for(self, version_id: str) -> list[ArtifactRecord]:
+        with self._read() as s:
+            rows = s.scalars(
+                select(Artifact)
+                .where(Artifact.version_id == version_id)
+                .order_by(Artifact.created_at, Artifact.artifact_id)
+            ).all()
+            return [_artifact_record(r) for r in rows]
+
+    # -- input assets ---------------------------------------------------------------------------
+
+    def put_input_asset(self, sha256: str, path: str, media_type: str, size: int) -> InputAssetRecord:
+        """Record a stored input resource (content-addressed: the first record for a digest wins)."""
+        try:
+            with self._write() as s:
+                existing = s.get(InputAsset, sha256)
+                if existing is not None:
+                    return _asset_record(existing)
+                row = InputAsset(
+                    sha256=sha256, path=path, media_type=media_type, bytes=size, created_at=time.time()
+                )
+                s.add(row)
+                s.flush()
+                return _asset_record(row)
+        except IntegrityError:  # a concurrent writer (non-SQLite backends) stored it first
+            found = self.get_input_asset(sha256)
+            if found is None:
+                raise
+            return found
+
+    def get_input_asset(self, sha256: str) -> InputAssetRecord | None:
+        with self._read() as s:
+            row = s.get(InputAsset, sha256)
+            return _asset_record(row) if row is not None else None
+
+    # -- callback outbox ------------------------------------------------------------------------
+
+    def enqueue_callback(
+        self, version_id: str, url: str, payload: dict[str, Any], *, now: float | None = None
+    ) -> str:
+        """Schedule the job's callback (due at once). One delivery per job: a second call returns the
+        first delivery's id and changes nothing."""
+        now = time.time() if now is None else now
+        try:
+            with self._write() as s:
+                existing = s.scalars(
+                    select(CallbackOutbox).where(CallbackOutbox.version_id == version_id)
+                ).first()
+                if existing is not None:
+                    return existing.delivery_id
+                row = CallbackOutbox(
+                    delivery_id=uuid.uuid4().hex,
+                    version_id=version_id,
+                    url=url,
+                    payload=payload,
+                    attempts=0,
+                    next_attempt_at=now,
+                    status="pending",
+                    created_at=now,
+                )
+                s.add(row)
+                s.flush()
+                return row.delivery_id
+        except IntegrityError:
+            with self._read() as s:
+                found = s.scalars(
+                    select(CallbackOutbox).where(CallbackOutbox.version_id == version_id)
+                ).first()
+                if found is None:
+                    raise
+                return found.delivery_id
+
+    def get_callback(self, delivery_id: str) -> CallbackDelivery | None:
+        with self._read() as s:
+            row = s.get(CallbackOutbox, delivery_id)
+            return _delivery_record(row) if row is not None else None
+
+    def callback_for(self, version_id: str) -> CallbackDelivery | None:
+        with self._read() as s:
+            row = s.scalars(select(CallbackOutbox).where(CallbackOutbox.version_id == version_id)).first()
+            return _delivery_record(row) if row is not None else None
+
+    def due_callbacks(self, now: float | None = None, limit: int = 100) -> list[CallbackDelivery]:
+        """Pending deliveries whose next attempt is due, earliest first (also what survives a restart)."""
+        now = time.time() if now is None else now
+        with self._read() as s:
+            rows = s.scalars(
+                select(CallbackOutbox)
+                .where(CallbackOutbox.status == "pending", CallbackOutbox.next_attempt_at <= now)
+                .order_by(CallbackOutbox.next_attempt_at, CallbackOutbox.created_at)
+                .limit(limit)
+            ).all()
+            return [_delivery_record(r) for r in rows]
+
+    def record_attempt(
+        self,
+        delivery_id: str,
+        ok: bool,
+        error: str | None = None,
+        next_attempt_at: float | None = None,
+        *,
+        now: float | None = None,
+    ) -> CallbackDelivery:
+        """Count one delivery attempt. ``ok`` -> delivered. Failed with ``next_attempt_at`` -> stays
+        pending until then; failed without it -> gave_up (the caller applies callback_max_attempts)."""
+        now = time.time() if now is None else now
+        with self._write() as s:
+            row = s.get(CallbackOutbox, delivery_id, with_for_update=True)
+            if row is None:
+                raise KeyError(delivery_id)
+            row.attempts += 1
+            if ok:
+                row.status, row.delivered_at, row.next_attempt_at, row.last_error = (
+                    "delivered",
+                    now,
+                    None,
+                    None,
+                )
+            elif next_attempt_at is not None:
+                row.status, row.next_attempt_at, row.last_error = "pending", next_attempt_at, error
+            else:
+                row.status, row.next_attempt_at, row.last_error = "gave_up", None, error
+            return _delivery_record(row)

@@ -1,0 +1,457 @@
+#!/usr/bin/env python
+"""Device-worker scheduler: throughput on 1 vs 2 CPU workers, submit-to-first-op latency, overhead.
+
+Starts the real stack with ``server.py`` (webserver, daemon, warm device workers with
+one torch thread each) in a temporary state dir, once with one CPU worker and once
+with two, and submits tiny-Wan r2v runs over GraphQL. Before that, one subprocess
+with one thread calibrates the job size (``--job-seconds``, ``--long-seconds``) and
+times the same jobs with ``ModelRuntime.generate`` and the weights already loaded:
+what ``inference.py`` does, in one process, without Dagster. Every job has its own
+prompt and seed, and every side its own cold conditioning cache.
+
+Figures (targets from the issue):
+
+* throughput_1w / throughput_2w: jobs per minute when ``--jobs`` runs are submitted
+  at once (jobs / (last run end - first submit)); ratio = 2w / 1w (>= 1.7).
+* submit_to_first_op_p50_s: submit call -> first STEP_START, runs submitted one at a
+  time to idle workers (<= 1.5 s).
+* overhead_per_run_s: median over those runs of (submit -> run end) minus the same
+  job in-process (<= 1.5 s); overhead_long_pct: the same for one ~``--long-seconds``
+  job, in % of its in-process time (<= 10%).
+
+    python bench/scheduler.py [--jobs 8] [--job-seconds 10] [--long-seconds 20] [--quick] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, result_line, run_measured  # noqa: E402
+
+sys.path.insert(0, str(REPO))
+
+LOCATION = {"repository_location_name": "orchestration.definitions", "repository_name": "__repository__"}
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+SIDES = (32, 256)  # square sizes tried by the calibration (multiples of 16 for Wan)
+MAX_FRAMES = 81
+
+
+def job_request(name: str, size: list[int]) -> dict:
+    """The shot fields of one job: distinct prompt and seed per name (no conditioning-cache hits)."""
+    w, h, n = size
+    prompt = f"scheduler bench {name}: a paper boat drifting down a rain gutter"
+    return {
+        "prompt": prompt,
+        "seed": zlib.crc32(name.encode()) % 100_000,
+        "width": w,
+        "height": h,
+        "num_frames": n,
+    }
+
+
+# -- in-process baseline (a subprocess with one thread) ------------------------------
+def choose_size(c0: float, c1: float, target: float) -> list[int]:
+    """The square size and 4k+1 frame count whose predicted time c0 + c1*w*h*n is closest to target."""
+    best, best_err = [64, 64, 17], float("inf")
+    for side in range(SIDES[0], SIDES[1] + 1, 16):
+        for n in range(9, MAX_FRAMES + 1, 4):
+            err = abs(c0 + c1 * side * side * n - target)
+            if err < best_err - 1e-9:
+                best, best_err = [side, side, n], err
+    return best
+
+
+def child(spec_path: str) -> None:
+    """Calibrate the job sizes, then time every named job once; prints one JSON line."""
+    import torch
+
+    torch.set_num_threads(1)
+    from shotloom.runtime import get_runtime
+
+    spec = json.loads(Path(spec_path).read_text())
+    runtime = get_runtime(spec["config"])
+    runtime.adapter  # noqa: B018 - weights loaded before anything is timed, as on a warm worker
+    out = Path(spec["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+
+    def timed(name: str, size: list[int]) -> float:
+        req = runtime.resolve(**job_request(name, size))
+        start = time.perf_counter()
+        runtime.generate(req, out / f"{name}.mp4")
+        return time.perf_counter() - start
+
+    timed("warmup", [32, 32, 5])
+    (a, ta), (b, tb) = [(p, timed(f"probe-{i}", p)) for i, p in enumerate(spec["probes"])]
+    va, vb = a[0] * a[1] * a[2], b[0] * b[1] * b[2]
+    c1 = max((tb - ta) / (vb - va), 1e-9)
+    c0 = max(ta - c1 * va, 0.0)
+    sizes, calib = {}, []
+    for kind, target in spec["targets"].items():
+        size = choose_size(c0, c1, target)
+        for attempt in range(3):  # check the prediction; refit the slope on the measured point
+            seconds = timed(f"calib-{kind}-{attempt}", size)
+            calib.append({"kind": kind, "size": size, "seconds": round(seconds, 2)})
+            if abs(seconds - target) <= 0.15 * target:
+                break
+            c1 = max((seconds - c0) / (size[0] * size[1] * size[2]), 1e-9)
+            new = choose_size(c0, c1, target)
+            if new == size:
+                break
+            size = new
+        sizes[kind] = size
+    baseline = {name: timed(name, sizes[kind]) for name, kind in spec["jobs"]}
+    print(json.dumps({"sizes": sizes, "calibration": calib, "baseline": baseline}))
+
+
+def run_baseline(root: Path, inference: Path, args: argparse.Namespace, jobs: list[tuple[str, str]]) -> dict:
+    probes = [[32, 32, 9], [64, 64, 17]] if args.job_seconds < 4 else [[64, 64, 17], [112, 112, 17]]
+    spec = {
+        "config": str(inference),
+        "out_dir": str(root / "baseline-out"),
+        "probes": probes,
+        "targets": {"short": args.job_seconds, "long": args.long_seconds},
+        "jobs": jobs,
+    }
+    spec_path = root / "baseline.json"
+    spec_path.write_text(json.dumps(spec))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)]
+    wall, mib, stdout = run_measured(cmd, env=ONE_THREAD)
+    result = json.loads(stdout.strip().splitlines()[-1])
+    result.update(wall_s=wall, peak_mib=mib)
+    return result
+
+
+# -- the stack -----------------------------------------------------------------------
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def inference_yaml(path: Path, cache_dir: Path) -> Path:
+    """The shipped tiny-Wan YAML with its own (cold) conditioning cache."""
+    data = yaml.safe_load((REPO / "configs" / "inference.wan-tiny.yaml").read_text())
+    data["paths"]["checkpoint"] = str(REPO / data["paths"]["checkpoint"])
+    data["paths"]["cache_dir"] = str(cache_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+WORKSPACE_QUERY = """
+query { workspaceOrError { __typename ... on Workspace {
+  locationEntries { name loadStatus locationOrLoadError { __typename } } } } }
+"""
+
+
+class Stack:
+    """server.py with ``workers`` one-thread CPU workers in its own state dir."""
+
+    def __init__(self, root: Path, workers: int):
+        self.root, self.workers = root, workers
+        self.state = root / "state"
+        self.port = free_port()
+        self.config = root / "server.yaml"
+        self.proc: subprocess.Popen | None = None
+        self.instance = None
+        self.startup_s = self.stop_s = 0.0
+
+    def write_config(self) -> None:
+        inference = inference_yaml(self.root / "inference.yaml", self.root / "cache")
+        self.config.write_text(yaml.safe_dump({
+            "state_dir": str(self.state),
+            "webserver": {"host": "127.0.0.1", "port": self.port},
+            "inference": {"config": str(inference)},
+            "workers": {"warm": True, "devices": [{"device": "cpu", "threads": 1}] * self.workers},
+            "media_root": str(self.root / "media"),
+            "step_storage": str(self.root / "steps"),
+        }))  # fmt: skip
+
+    def log(self, name: str = "server") -> str:
+        path = self.root / "server.out" if name == "server" else self.state / "logs" / f"{name}.log"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+    def worker_states(self) -> dict[str, dict]:
+        from orchestration.launcher import WorkerError, call_worker, read_workers
+
+        out = {}
+        for record in read_workers(self.state):
+            try:
+                out[record.name] = call_worker(record.url, "/status", timeout=2)
+            except WorkerError:
+                pass
+        return out
+
+    def all_idle(self) -> bool:
+        states = self.worker_states()
+        return len(states) == self.workers and all(s["state"] == "idle" for s in states.values())
+
+    def location_loaded(self) -> bool:
+        import httpx
+
+        try:
+            resp = httpx.post(
+                f"http://127.0.0.1:{self.port}/graphql", json={"query": WORKSPACE_QUERY}, timeout=5
+            )
+            entries = resp.json()["data"]["workspaceOrError"]["locationEntries"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return False
+        return any(
+            e["loadStatus"] == "LOADED" and e["locationOrLoadError"]["__typename"] == "RepositoryLocation"
+            for e in entries
+        )
+
+    def start(self, timeout: float = 300) -> None:
+        from dagster import DagsterInstance
+        from dagster_graphql import DagsterGraphQLClient
+
+        self.state.mkdir(parents=True, exist_ok=True)
+        self.write_config()
+        started = time.monotonic()
+        with open(self.root / "server.out", "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "server.py", "--config", str(self.config)],
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server.py exited with {self.proc.returncode}:\n{self.log()}")
+            if self.all_idle() and self.location_loaded():
+                break
+            if time.monotonic() - started > timeout:
+                raise RuntimeError(
+                    f"stack not ready after {timeout:.0f}s:\n{self.log()}\n{self.log('webserver')}"
+                )
+            time.sleep(0.5)
+        self.startup_s = time.monotonic() - started
+        self.client = DagsterGraphQLClient("127.0.0.1", port_number=self.port)
+        self.instance = DagsterInstance.from_config(str(self.state / "dagster_home"))
+
+    def stop(self) -> None:
+        if self.instance is not None:
+            self.instance.dispose()
+            self.instance = None
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        asked = time.monotonic()
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.stop_s = time.monotonic() - asked
+
+    def submit(self, name: str, size: list[int]) -> tuple[str, float]:
+        from orchestration.launcher import GPU_TAG
+
+        config = {"work_id": "bench", "shot_id": name, **job_request(name, size)}
+        submitted = time.time()
+        run_id = self.client.submit_job_execution(
+            "r2v", run_config={"ops": {"condition_op": {"config": config}}}, tags={GPU_TAG: "1"}, **LOCATION
+        )
+        return run_id, submitted
+
+    def wait(self, run_ids: list[str], timeout: float) -> list:
+        """Wait until every run is finished; returns their RunRecords (all must have succeeded)."""
+        from dagster import DagsterRunStatus, RunsFilter
+
+        deadline = time.monotonic() + timeout
+        while True:
+            records = self.instance.get_run_records(filters=RunsFilter(run_ids=run_ids))
+            if len(records) == len(run_ids) and all(r.dagster_run.is_finished for r in records):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"runs not finished after {timeout:.0f}s:\n{self.log('daemon')}")
+            time.sleep(0.3)
+        by_id = {r.dagster_run.run_id: r for r in records}
+        failed = [r for r in records if r.dagster_run.status != DagsterRunStatus.SUCCESS]
+        if failed:
+            logs = "\n".join(self.log(f"worker-cpu-{i}") for i in range(self.workers))
+            raise RuntimeError(
+                f"{len(failed)} run(s) did not succeed ({failed[0].dagster_run.status}):\n{logs}"
+            )
+        return [by_id[r] for r in run_ids]
+
+    def first_step_start(self, run_id: str) -> float:
+        from dagster import DagsterEventType
+
+        events = self.instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)
+        return min(e.timestamp for e in events)
+
+    def wait_idle(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.all_idle() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+# -- measurements --------------------------------------------------------------------
+def measure_throughput(stack: Stack, names: list[str], size: list[int], job_s: float) -> dict:
+    from orchestration.launcher import WORKER_TAG
+
+    submitted = [stack.submit(name, size) for name in names]
+    first_submit = submitted[0][1]
+    timeout = 120 + 4 * job_s * len(names)
+    records = stack.wait([run_id for run_id, _ in submitted], timeout)
+    makespan = max(r.end_time for r in records) - first_submit
+    per_worker: dict[str, int] = {}
+    for r in records:
+        name = r.dagster_run.tags.get(WORKER_TAG, "?")
+        per_worker[name] = per_worker.get(name, 0) + 1
+    return {
+        "makespan_s": makespan,
+        "jobs_per_min": len(names) / makespan * 60,
+        "run_s_mean": statistics.mean(r.end_time - r.start_time for r in records),
+        "submit_s": submitted[-1][1] - first_submit,
+        "per_worker": per_worker,
+    }
+
+
+def measure_sequential(stack: Stack, names: list[str], size: list[int], timeout: float) -> list[dict]:
+    """One run at a time on idle workers: the latency and overhead samples."""
+    from orchestration.launcher import LAUNCHED_AT_TAG
+
+    samples = []
+    for name in names:
+        stack.wait_idle()
+        time.sleep(0.5)
+        run_id, submitted = stack.submit(name, size)
+        (record,) = stack.wait([run_id], timeout)
+        tags = record.dagster_run.tags
+        samples.append({
+            "name": name,
+            "launched": float(tags[LAUNCHED_AT_TAG]) - submitted,
+            "first_op": stack.first_step_start(run_id) - submitted,
+            "run": record.end_time - record.start_time,
+            "total": record.end_time - submitted,
+        })  # fmt: skip
+    return samples
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jobs", type=int, default=8, help="runs submitted at once per side")
+    p.add_argument("--job-seconds", type=float, default=10.0, help="target in-process time of one job")
+    p.add_argument("--long-seconds", type=float, default=20.0, help="target time of the %% job")
+    p.add_argument("--samples", type=int, default=5, help="runs submitted one at a time (latency, overhead)")
+    p.add_argument("--quick", action="store_true", help="small jobs, few of them: a smoke run")
+    p.add_argument("--keep", action="store_true", help="keep the temporary state dirs")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    if args.quick:
+        args.jobs, args.job_seconds, args.long_seconds, args.samples = 4, 2.0, 4.0, 3
+
+    root = Path(tempfile.mkdtemp(prefix="shotloom-bench-scheduler-"))
+    print(f"state under {root}", flush=True)
+    try:
+        figures = run(root, args)
+    finally:
+        if args.keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    print(result_line(figures))
+
+
+def run(root: Path, args: argparse.Namespace) -> dict:
+    seq_names = [f"seq-{i}" for i in range(args.samples)]
+    tp_names = [f"tp-{i}" for i in range(args.jobs)]
+    print("calibrating and timing the in-process baseline (1 thread) ...", flush=True)
+    jobs = [(n, "short") for n in seq_names] + [("long", "long")]
+    inference = inference_yaml(root / "baseline" / "inference.yaml", root / "baseline" / "cache")
+    base = run_baseline(root, inference, args, jobs)
+    short, long = base["sizes"]["short"], base["sizes"]["long"]
+    baseline = base["baseline"]
+    short_s = statistics.mean(baseline[n] for n in seq_names)
+    print(f"  calibration: {base['calibration']}")
+    print(f"  short job {'x'.join(map(str, short))}: {short_s:.2f} s in-process (mean of {len(seq_names)})")
+    print(f"  long job  {'x'.join(map(str, long))}: {baseline['long']:.2f} s in-process", flush=True)
+
+    tp, stacks, seq, long_sample = {}, {}, [], None
+    for workers in (1, 2):
+        stack = Stack(root / f"{workers}w", workers)
+        print(f"starting the stack with {workers} worker(s) ...", flush=True)
+        try:
+            stack.start()
+            print(f"  ready in {stack.startup_s:.1f} s; submitting {len(tp_names)} jobs at once", flush=True)
+            tp[workers] = measure_throughput(stack, tp_names, short, short_s)
+            r = tp[workers]
+            print(f"  makespan {r['makespan_s']:.1f} s, runs per worker {r['per_worker']}", flush=True)
+            if workers == 2:  # the shipped configuration: latency and overhead, one run at a time
+                print(f"  {len(seq_names)} runs one at a time, then the long job", flush=True)
+                seq = measure_sequential(stack, seq_names, short, 120 + 4 * short_s)
+                (long_sample,) = measure_sequential(stack, ["long"], long, 120 + 4 * baseline["long"])
+        finally:
+            stack.stop()
+            stacks[workers] = stack
+            print(f"  stopped in {stack.stop_s:.1f} s", flush=True)
+
+    for s in [*seq, long_sample]:
+        s["overhead"] = s["total"] - baseline[s["name"]]
+        s["run_overhead"] = s["run"] - baseline[s["name"]]
+    first_ops = [s["first_op"] for s in seq]
+    overhead = statistics.median(s["overhead"] for s in seq)
+    long_pct = long_sample["overhead"] / baseline["long"] * 100
+    ratio = tp[2]["jobs_per_min"] / tp[1]["jobs_per_min"]
+    ideal = {w: 60 * w / short_s for w in (1, 2)}
+
+    print()
+    print(f"{'throughput':<34} {'1 worker':>10} {'2 workers':>10}")
+    print(f"{'stack startup s':<34} {stacks[1].startup_s:>10.1f} {stacks[2].startup_s:>10.1f}")
+    print(f"{'submit all (client) s':<34} {tp[1]['submit_s']:>10.2f} {tp[2]['submit_s']:>10.2f}")
+    print(f"{'makespan s':<34} {tp[1]['makespan_s']:>10.1f} {tp[2]['makespan_s']:>10.1f}")
+    print(f"{'jobs/min':<34} {tp[1]['jobs_per_min']:>10.2f} {tp[2]['jobs_per_min']:>10.2f}")
+    print(f"{'jobs/min if no overhead':<34} {ideal[1]:>10.2f} {ideal[2]:>10.2f}")
+    print(f"{'mean run (start->end) s':<34} {tp[1]['run_s_mean']:>10.2f} {tp[2]['run_s_mean']:>10.2f}")
+    print(f"{'stack stop s':<34} {stacks[1].stop_s:>10.1f} {stacks[2].stop_s:>10.1f}")
+    print(f"2w/1w ratio {ratio:.2f} (target >= 1.7); runs per worker (2w): {tp[2]['per_worker']}")
+    print()
+    header = ("run", "in-proc s", "->launch", "->1st op", "run s", "->end s", "overhead", "in run")
+    print("{:<8} {:>10} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8}".format(*header))
+    for s in [*seq, long_sample]:
+        print(
+            f"{s['name']:<8} {baseline[s['name']]:>10.2f} {s['launched']:>9.2f} {s['first_op']:>9.2f} "
+            f"{s['run']:>8.2f} {s['total']:>8.2f} {s['overhead']:>9.2f} {s['run_overhead']:>8.2f}"
+        )
+    p50 = statistics.median(first_ops)
+    print(f"submit->first op p50 {p50:.2f} s, max {max(first_ops):.2f} s (target <= 1.5)")
+    print(f"overhead per run (median) {overhead:.2f} s (target <= 1.5); long job {long_pct:.1f}% (<= 10%)")
+    print("(overhead = submit->run end minus the same job in-process; 'in run' = run start->end minus it)")
+    return {
+        "jobs": args.jobs,
+        "job_s": round(short_s, 2),
+        "long_s": round(baseline["long"], 2),
+        "throughput_1w": round(tp[1]["jobs_per_min"], 3),
+        "throughput_2w": round(tp[2]["jobs_per_min"], 3),
+        "ratio": round(ratio, 2),
+        "submit_to_first_op_p50_s": round(p50, 2),
+        "overhead_per_run_s": round(overhead, 2),
+        "overhead_long_pct": round(long_pct, 1),
+        "startup_2w_s": round(stacks[2].startup_s, 1),
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""The input boundary: data URLs, local paths under allowed roots, http fetches, media validation."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import io
+import threading
+import urllib.parse
+import wave
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import api.inputs as api_inputs
+from api.inputs import InputError, copy_into_assets, resolve_resource
+from api.settings import InputPolicy
+from api.store import Store
+from shotloom.media import write_mp4
+
+
+def _png_bytes(w: int = 16, h: int = 12) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.full((h, w, 3), 120, np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _data_url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+@pytest.fixture
+def assets(tmp_path) -> Path:
+    return tmp_path / "assets"
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A local http.server over tmp_path/www on 127.0.0.1 (a private address)."""
+    www = tmp_path / "www"
+    www.mkdir()
+    handler = functools.partial(_QuietHandler, directory=str(www))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield www, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def do_GET(self):
+        if self.path.startswith("/redirect?to="):  # an open redirect, as on many real hosts
+            self.send_response(302)
+            self.send_header("Location", urllib.parse.unquote(self.path.split("=", 1)[1]))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        super().do_GET()
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+
+def test_data_url_image_is_stored_content_addressed(tmp_path, assets):
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    data = _png_bytes()
+    asset = resolve_resource(_data_url(data), "image", InputPolicy(), assets, store, field="condition_img")
+    import hashlib
+
+    sha = hashlib.sha256(data).hexdigest()
+    assert asset.sha256 == sha and asset.source == "data"
+    assert asset.path == assets / sha[:2] / f"{sha}.png" and asset.path.read_bytes() == data
+    assert asset.relative_path == f"{sha[:2]}/{sha}.png"
+    assert (asset.media_type, asset.width, asset.height, asset.bytes) == ("image/png", 16, 12, len(data))
+    assert store.get_input_asset(sha).path == asset.relative_path
+    again = resolve_resource(_data_url(data), "image", InputPolicy(), assets, store)
+    assert again.path == asset.path
+    assert not list((assets / ".tmp").iterdir())  # no staging leftovers
+    store.close()
+
+
+def test_bad_data_urls_name_the_field(assets):
+    field = "memory_slots[2].image_url"
+    with pytest.raises(InputError) as e:
+        resolve_resource(
+            "data:image/png;base64,@@@not base64@@@", "image", InputPolicy(), assets, field=field
+        )
+    assert e.value.field == field and "base64" in e.value.message
+    assert str(e.value).startswith(field + ": ")
+    with pytest.raises(InputError, match="not a readable image") as e:
+        resolve_resource(_data_url(b"hello, not a picture"), "image", InputPolicy(), assets, field=field)
+    assert e.value.field == field
+    truncated = _png_bytes(64, 64)[:-40]
+    with pytest.raises(InputError, match="not a readable image"):
+        resolve_resource(_data_url(truncated), "image", InputPolicy(), assets)
+    with pytest.raises(InputError, match="no comma"):
+        resolve_resource("data:image/png;base64", "image", InputPolicy(), assets)
+    for bad in ("relative/path.png", "ftp://host/x.png", "", "C:thing"):
+        with pytest.raises(InputError):
+            resolve_resource(bad, "image", InputPolicy(), assets)
+    assert not list((assets / ".tmp").iterdir())
+
+
+def test_limits(assets):
+    data = _png_bytes(40, 40)
+    with pytest.raises(InputError, match="larger than the limit"):
+        resolve_resource(_data_url(data), "image", InputPolicy(max_bytes=len(data) - 1), assets)
+    with pytest.raises(InputError, match="more than the limit of 1599 pixels"):
+        resolve_resource(_data_url(data), "image", InputPolicy(max_pixels=1599), assets)
+    assert resolve_resource(_data_url(data), "image", InputPolicy(max_pixels=1600), assets).width == 40
+
+
+def test_local_paths_only_under_allowed_roots(tmp_path, assets, image_file):
+    allowed = tmp_path  # image_file lies in tmp_path
+    outside_dir = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside_dir.mkdir()
+    outside = outside_dir / "secret.png"
+    outside.write_bytes(_png_bytes())
+
+    with pytest.raises(InputError, match="no allowed_roots"):
+        resolve_resource(str(image_file), "image", InputPolicy(), assets)
+    policy = InputPolicy(allowed_roots=[allowed])
+    a = resolve_resource(str(image_file), "image", policy, assets)
+    assert a.source == "file" and a.width == 64 and a.path.parent.parent == assets
+    b = resolve_resource(image_file.as_uri(), "image", policy, assets)
+    assert b.sha256 == a.sha256
+
+    for refused in (
+        str(outside),
+        outside.as_uri(),
+        f"{allowed}/../{outside_dir.name}/secret.png",  # .. out of the root
+        str(allowed / "missing.png"),
+        f"file://otherhost{image_file}",
+    ):
+        with pytest.raises(InputError):
+            resolve_resource(refused, "image", policy, assets, field="condition_img")
+
+    link = allowed / "escape.png"
+    link.symlink_to(outside)
+    with pytest.raises(InputError, match="not under an allowed root"):
+        resolve_resource(str(link), "image", policy, assets)
+    inner = allowed / "inner-link.png"
+    inner.symlink_to(image_file)  # a symlink that stays inside is fine
+    assert resolve_resource(str(inner), "image", policy, assets).sha256 == a.sha256
+    with pytest.raises(InputError, match="not a regular file"):
+        resolve_resource(str(allowed), "image", policy, assets)
+
+
+def test_http_fetch_private_address_policy(served, assets):
+    www, base = served
+    (www / "ref.png").write_bytes(_png_bytes())
+    url = f"{base}/ref.png"
+    with pytest.raises(InputError, match="private or local address") as e:
+        resolve_resource(url, "image", InputPolicy(), assets, field="memory_slots[0].image_url")
+    assert e.value.field == "memory_slots[0].image_url"
+    with pytest.raises(InputError, match="private or local address"):
+        resolve_resource(f"http://localhost:{base.rsplit(':', 1)[1]}/ref.png", "image", InputPolicy(), assets)
+
+    policy = InputPolicy(allow_private_addresses=True)
+    a = resolve_resource(url, "image", policy, assets)
+    assert a.source == "http" and a.path.read_bytes() == (www / "ref.png").read_bytes()
+
+    with pytest.raises(InputError, match="HTTP 404"):
+        resolve_resource(f"{base}/missing.png", "image", policy, assets)
+    noisy = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    Image.fromarray(noisy).save(www / "big.png")
+    assert (www / "big.png").stat().st_size > 10_000
+    small = InputPolicy(allow_private_addresses=True, max_bytes=10_000)
+    with pytest.raises(InputError, match="larger than the limit of 10000 bytes"):
+        resolve_resource(f"{base}/big.png", "image", small, assets)
+    with pytest.raises(InputError, match="disabled"):
+        resolve_resource(url, "image", InputPolicy(fetch_urls=False, allow_private_addresses=True), assets)
+
+
+def test_http_redirects_are_followed_and_rechecked(served, assets, monkeypatch):
+    www, base = served
+    (www / "ref.png").write_bytes(_png_bytes())
+    policy = InputPolicy(allow_private_addresses=True)
+    target = urllib.parse.quote(f"{base}/ref.png", safe="")
+    assert resolve_resource(f"{base}/redirect?to={target}", "image", policy, assets).width == 16
+
+    # Pretend the test server's address is public: the redirect to a private address is still refused.
+    real_is_public = api_inputs._is_public
+    monkeypatch.setattr(api_inputs, "_is_public", lambda ip: str(ip) == "127.0.0.1" or real_is_public(ip))
+    assert resolve_resource(f"{base}/ref.png", "image", InputPolicy(), assets).width == 16
+    private = urllib.parse.quote("http://10.1.2.3/ref.png", safe="")
+    with pytest.raises(InputError, match="private or local address"):
+        resolve_resource(f"{base}/redirect?to={private}", "image", InputPolicy(), assets)
+    loop = urllib.parse.quote(
+        f"{base}/redirect?to=" + urllib.parse.quote(f"{base}/ref.png", safe=""), safe=""
+    )
+    assert resolve_resource(f"{base}/redirect?to={loop}", "image", InputPolicy(), assets).width == 16
+
+
+def _wav(path: Path, seconds: float = 0.25, rate: int = 16000) -> Path:
+    t = np.arange(int(seconds * rate)) / rate
+    pcm = (np.sin(2 * np.pi * 440 * t) * 12000).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+    return path
+
+
+def test_audio_and_video_are_probed(tmp_path, assets):
+    policy = InputPolicy(allowed_roots=[tmp_path])
+    wav = _wav(tmp_path / "voice.wav")
+    a = resolve_resource(str(wav), "audio", policy, assets, field="memory_slots[0].audio_url")
+    assert (a.media_type, a.path.suffix) == ("audio/wav", ".wav")
+    d = resolve_resource(_data_url(wav.read_bytes(), "audio/wav"), "audio", InputPolicy(), assets)
+    assert d.sha256 == a.sha256
+
+    frames = np.zeros((4, 32, 32, 3), np.uint8)
+    mp4 = tmp_path / "clip.mp4"
+    write_mp4(mp4, frames, 8, None, None, preset="ultrafast")
+    v = resolve_resource(str(mp4), "video", policy, assets, field="shots[0].video_url")
+    assert (v.media_type, v.path.suffix, v.width, v.height) == ("video/mp4", ".mp4", 32, 32)
+    au = resolve_resource(str(mp4), "audio", policy, assets)  # its AAC track counts as audio
+    assert au.media_type == "audio/mp4"
+
+    silent = tmp_path / "silent.mp4"
+    write_mp4(silent, frames, 8, None, None, silent_track=False, preset="ultrafast")
+    with pytest.raises(InputError, match="has no audio stream") as e:
+        resolve_resource(str(silent), "audio", policy, assets, field="memory_slots[1].audio_url")
+    assert e.value.field == "memory_slots[1].audio_url"
+    with pytest.raises(InputError, match="has no video stream"):
+        resolve_resource(str(wav), "video", policy, assets)
+    with pytest.raises(InputError, match="not a readable audio"):
+        resolve_resource(_data_url(b"\x00garbage" * 50, "audio/wav"), "audio", InputPolicy(), assets)
+
+
+def test_copy_into_assets_trusts_server_files(tmp_path, assets, image_file):
+    a = copy_into_assets(image_file, "image", InputPolicy(), assets)
+    assert a.path.is_file() and a.width == 64
