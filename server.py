@@ -4,8 +4,8 @@
 
 Writes ``<state_dir>/dagster_home/dagster.yaml`` (sqlite storage, queued run
 coordinator with one gpu-tag limit, run monitoring, DeviceRunLauncher), then
-starts one device worker per configured device, ``dagster-daemon run`` and
-``dagster-webserver``, each in its own process group with logs under
+starts one device worker per configured device, ``dagster-daemon run``,
+``dagster-webserver`` and the HTTP API (``python -m api``), each in its own process group with logs under
 ``<state_dir>/logs``. A child that dies is restarted: a worker's run is resumed by
 run monitoring; the daemon and webserver hold no state of their own (queued runs
 live in run storage), so nothing queued is lost. A child that keeps dying
@@ -77,6 +77,8 @@ class Stack:
         self.commands["webserver"] = [
             py, "-m", "dagster_webserver", "-h", web.host, "-p", str(web.port), *workspace
         ]  # fmt: skip
+        if os.environ.get("SHOTLOOM_API_DEV"):  # TODO(api): unconditional once worker tests set a port
+            self.commands["api"] = [py, "-m", "api", "--config", str(self.config_path)]
 
     def spawn(self, name: str) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -167,7 +169,7 @@ class Stack:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Start webserver, daemon and device workers.")
+    parser = argparse.ArgumentParser(description="Start the API, Dagster webserver, daemon and workers.")
     parser.add_argument("--config", default="configs/server.cpu.yaml", help="server YAML")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -184,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack.start()
         log.info(
-            "webserver on http://%s:%d, state in %s", cfg.webserver.host, cfg.webserver.port, cfg.state_dir
+            "API on %s (docs at /docs), Dagster UI on http://%s:%d, state in %s",
+            cfg.api.base_url(),
+            cfg.webserver.host,
+            cfg.webserver.port,
+            cfg.state_dir,
         )
         code = stack.supervise()
     finally:

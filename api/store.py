@@ -115,6 +115,9 @@ class Job(Base):
     updated_at: Mapped[float] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # What the status follower last read from Dagster: stage times, progress, worker (kept so
+    # GET /version answers from this store alone, fast, and the same after a restart).
+    live: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     __table_args__ = (
         Index("ix_jobs_kind_status_created", "kind", "status", "created_at"),
@@ -215,6 +218,7 @@ class JobRecord:
     updated_at: float
     finished_at: float | None
     result: dict[str, Any] | None
+    live: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -284,6 +288,7 @@ def _job_record(row: Job) -> JobRecord:
         updated_at=row.updated_at,
         finished_at=row.finished_at,
         result=row.result,
+        live=row.live,
     )
 
 
@@ -450,6 +455,16 @@ class Store:
                 raise IdempotencyConflict(job.job_id, key.version_id)
             return AcceptResult(version_id=key.version_id, created=False, job=_job_record(existing))
 
+    def idempotent_version(self, job_id: str) -> tuple[str, str, str] | None:
+        """``(version_id, payload_hash, kind)`` already stored under ``job_id``, if any: lets a route
+        answer a replay (or a 409) before fetching any input."""
+        with self._read() as s:
+            key = s.get(IdempotencyKey, job_id)
+            if key is None:
+                return None
+            job = s.get(Job, key.version_id)
+            return key.version_id, key.payload_hash, job.kind if job is not None else ""
+
     def get(self, version_id: str) -> JobRecord | None:
         with self._read() as s:
             row = s.get(Job, version_id)
@@ -509,6 +524,7 @@ class Store:
         stage: str | None = None,
         error: str | None = _UNSET,
         result: dict[str, Any] | None = _UNSET,
+        live: dict[str, Any] | None = _UNSET,
     ) -> JobRecord:
         """Change status/stage/error/result (arguments left out are kept). Entering succeeded or failed
         stamps ``finished_at``; a finished job is not moved back to queued/running."""
@@ -527,6 +543,8 @@ class Store:
                 row.error = error
             if result is not _UNSET:
                 row.result = result
+            if live is not _UNSET:
+                row.live = live
             row.updated_at = now
             return _job_record(row)
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from api.settings import ApiConfig
 from orchestration.launcher import GPU_TAG
 from shotloom.config import REPO_ROOT
 
@@ -69,6 +70,14 @@ class RuntimeConfig(_Strict):
     )
 
 
+class RetriesConfig(_Strict):
+    """Dagster run retries: a run that failed as a whole (e.g. its worker kept dying past the resume
+    attempts) is re-executed from failure under a new run id; the API follows it (dagster/root_run_id).
+    A step that fails on its own (bad input, out of memory twice) is not retried."""
+
+    max_retries: int = Field(default=1, ge=0)
+
+
 class SupervisionConfig(_Strict):
     restart_limit: int = Field(default=5, ge=1, description="Restarts of one child within the window...")
     restart_window_seconds: float = Field(default=60, gt=0, description="...before the service stops.")
@@ -82,6 +91,8 @@ class ServerConfig(_Strict):
     monitoring: MonitoringConfig = MonitoringConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     supervision: SupervisionConfig = SupervisionConfig()
+    retries: RetriesConfig = RetriesConfig()
+    api: ApiConfig = ApiConfig()
     dequeue_interval_seconds: int = 1
     media_root: Path | None = Field(default=None, description="Default: <state_dir>/media.")
     step_storage: Path | None = Field(default=None, description="Default: <state_dir>/steps.")
@@ -104,6 +115,7 @@ class ServerConfig(_Strict):
                 "media_root": absolute(self.media_root) if self.media_root else state / "media",
                 "step_storage": absolute(self.step_storage) if self.step_storage else state / "steps",
                 "workspace": absolute(self.workspace),
+                "api": self.api.model_copy(update={"inputs": self.api.inputs.resolved(REPO_ROOT)}),
             }
         )
 
@@ -147,6 +159,11 @@ class ServerConfig(_Strict):
                 "max_resume_run_attempts": m.max_resume_run_attempts,
                 "start_timeout_seconds": m.start_timeout_seconds,
                 "cancel_timeout_seconds": m.cancel_timeout_seconds,
+            },
+            "run_retries": {
+                "enabled": self.retries.max_retries > 0,
+                "max_retries": self.retries.max_retries,
+                "retry_on_asset_or_op_failure": False,
             },
             "telemetry": {"enabled": False},
         }

@@ -1,0 +1,64 @@
+"""``python -m api --config <server YAML>``: serve the R2V scheduler API (one Uvicorn process).
+
+server.py starts it beside the Dagster webserver, daemon and device workers. It reaches Dagster
+only through the webserver's GraphQL endpoint, and never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import uvicorn
+
+from api.app import ApiContext, create_app
+from api.dagster_client import DagsterGateway
+from api.follower import Follower
+from api.service import Intake
+from api.store import Store
+from orchestration.server_config import ServerConfig
+from shotloom.config import REPO_ROOT, load_inference_config
+
+
+def build_context(cfg: ServerConfig) -> ApiContext:
+    api = cfg.api
+    store = Store(api.resolved_database_url(cfg.state_dir))
+    web = cfg.webserver
+    gateway = DagsterGateway("127.0.0.1" if web.host in ("0.0.0.0", "::") else web.host, web.port)
+    follower = Follower(store, gateway, api, cfg.state_dir)
+    intake = Intake(
+        store,
+        api,
+        cfg.state_dir,
+        cfg.media_root,
+        on_accept=follower.poke,
+        capabilities=follower.capabilities,
+        defaults=load_inference_config(cfg.inference.config).defaults,
+    )
+    config = cfg.inference.config
+    return ApiContext(
+        api=api,
+        store=store,
+        gateway=gateway,
+        follower=follower,
+        intake=intake,
+        media_root=cfg.media_root,
+        worker_names=cfg.worker_names(),
+        inference_config=str(config.relative_to(REPO_ROOT) if config.is_relative_to(REPO_ROOT) else config),
+        residency_policy=cfg.runtime.dit_residency,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Serve the R2V scheduler HTTP API.")
+    parser.add_argument("--config", required=True, help="server YAML")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = ServerConfig.load(args.config)
+    app = create_app(build_context(cfg))
+    # One process: the follower threads own submission and callbacks.
+    uvicorn.run(app, host=cfg.api.host, port=cfg.api.port, workers=1, log_level="info")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""The API's background work: submit accepted jobs to Dagster, follow their runs, deliver callbacks.
+
+Three duties, each idempotent so a restart simply runs them again:
+
+- submit: every accepted job without a run is submitted over GraphQL, unless a run tagged with
+  its version id already exists (the process died between submitting and recording it);
+- follow: unfinished jobs read their run's status and stage tags (one query for all of them),
+  follow Dagster's retries (``dagster/root_run_id``), and on success index the run's asset
+  materializations as artifacts;
+- deliver: due callbacks from the durable outbox are POSTed, with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from api.dagster_client import WILL_RETRY_TAG, DagsterGateway, DagsterUnavailable, RunInfo
+from api.service import VERSION_TAG, VIDEO_KIND
+from api.settings import ApiConfig
+from api.store import JobRecord, Store, backoff_delay
+from orchestration.launcher import WORKER_TAG, WorkerError, call_worker, read_workers
+from shotloom import stages
+
+log = logging.getLogger("shotloom.api")
+
+DELIVERY_HEADER = "X-Shotloom-Delivery-Id"
+RETRY_GRACE_S = 120.0  # a failed run marked will_retry whose retry never appears is failed after this
+
+_RUNNING = {"STARTING", "STARTED", "CANCELING"}
+_FAILED = {"FAILURE", "CANCELED"}
+
+
+def api_status(run_status: str, stage: str) -> str:
+    """Dagster run status -> the r2v spec's status."""
+    if run_status == "SUCCESS":
+        return "succeeded"
+    if run_status in _FAILED:
+        return "failed"
+    if run_status in _RUNNING or stage not in (stages.QUEUED, stages.RECOVERED):
+        return "running"
+    return "queued"
+
+
+class Follower:
+    def __init__(
+        self,
+        store: Store,
+        gateway: DagsterGateway,
+        api: ApiConfig,
+        state_dir,
+        poll_seconds: float = 0.5,
+    ):
+        self.store = store
+        self.gateway = gateway
+        self.api = api
+        self.state_dir = state_dir
+        self.poll_seconds = poll_seconds
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self.workers: dict[str, dict[str, Any]] = {}  # latest /status of each device worker
+        self.counters = {"submitted": 0, "reconciled": 0, "followed_retries": 0, "callbacks_delivered": 0}
+        self._threads: list[threading.Thread] = []
+        self._failed_seen: dict[str, float] = {}
+        self.started = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        for name, target in (("follow", self._follow_loop), ("callbacks", self._callback_loop)):
+            t = threading.Thread(target=target, name=f"api-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        self.started = True
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+        for t in self._threads:
+            t.join(timeout=10)
+
+    def poke(self) -> None:
+        """A job was accepted: submit it now rather than at the next tick."""
+        self.wake.set()
+
+    def _follow_loop(self) -> None:
+        down_since: float | None = None
+        while not self.stopping.is_set():
+            for duty in (self.submit_pending, self.follow_runs, self.refresh_workers):
+                try:
+                    duty()
+                except DagsterUnavailable as exc:  # starting or restarting: jobs wait in the store
+                    if down_since is None:
+                        down_since = time.monotonic()
+                        log.warning("Dagster unavailable, will retry: %s", exc)
+                except Exception as exc:  # a locked DB, a bad answer...: next tick
+                    log.warning("%s: %s", duty.__name__, exc)
+                else:
+                    if down_since is not None and duty is self.follow_runs:
+                        log.info("Dagster reachable again after %.1fs", time.monotonic() - down_since)
+                        down_since = None
+            self.wake.wait(self.poll_seconds)
+            self.wake.clear()
+
+    def _callback_loop(self) -> None:
+        with httpx.Client(timeout=self.api.callback_timeout_seconds) as client:
+            while not self.stopping.is_set():
+                try:
+                    self.deliver_callbacks(client)
+                except Exception as exc:
+                    log.warning("callbacks: %s", exc)
+                self.stopping.wait(0.5)
+
+    # -- submit ---------------------------------------------------------------------------------
+    def submit_pending(self) -> None:
+        for job in self.store.unsubmitted():
+            existing = self.gateway.find_runs_by_tag(VERSION_TAG, job.version_id)
+            roots = [r for r in existing if not r.root_run_id or r.root_run_id == r.run_id]
+            if roots:  # submitted before a crash, never recorded: adopt it, never submit twice
+                self.store.mark_submitted(job.version_id, roots[0].run_id)
+                self.counters["reconciled"] += 1
+                log.info("version %s: adopted run %s", job.version_id, roots[0].run_id)
+                continue
+            req = job.request
+            tags = {VERSION_TAG: job.version_id, "shotloom/work_id": job.work_id}
+            if job.shot_id:
+                tags["shotloom/shot_id"] = job.shot_id
+            run_id = self.gateway.submit(req["job_name"], req["run_config"], tags)
+            self.store.mark_submitted(job.version_id, run_id)
+            self.counters["submitted"] += 1
+            log.info("version %s: submitted run %s", job.version_id, run_id)
+
+    # -- follow ---------------------------------------------------------------------------------
+    def follow_runs(self) -> None:
+        jobs = self.store.unfinished()
+        if not jobs:
+            return
+        runs = self.gateway.runs([j.run_id for j in jobs if j.run_id])
+        for job in jobs:
+            info = runs.get(job.run_id or "")
+            if info is not None:
+                self._apply(job, info)
+
+    def _apply(self, job: JobRecord, run: RunInfo) -> None:
+        if run.status == "SUCCESS":
+            self._succeeded(job, run)
+            return
+        if run.status in _FAILED:
+            self._failed(job, run)
+            return
+        stage = run.tags.get(stages.STAGE_TAG, stages.QUEUED)
+        status = api_status(run.status, stage)
+        live = self._live(run)
+        if status != job.status or stage != job.stage or live != (job.live or {}):
+            self.store.update_status(job.version_id, status=status, stage=stage, live=live)
+
+    def _live(self, run: RunInfo) -> dict[str, Any]:
+        live: dict[str, Any] = {"run_status": run.status, "stage_times": stages.stage_times(run.tags)}
+        prog = stages.progress(run.tags)
+        if prog is not None:
+            live["progress"] = prog
+        worker = run.tags.get(WORKER_TAG)
+        if worker:
+            snap = self.workers.get(worker, {})
+            live["worker"] = {
+                "name": worker,
+                "device": snap.get("device"),
+                "boot_id": run.tags.get("shotloom/worker_boot_id"),
+                "weight_location": snap.get("weight_location"),
+                "resources": snap.get("resources"),
+            }
+        return live
+
+    def _succeeded(self, job: JobRecord, run: RunInfo) -> None:
+        base = self.api.base_url()
+        artifacts = []
+        for mat in self.gateway.materializations(run.run_id):
+            meta = mat.metadata
+            path = meta.get("path")
+            if not isinstance(path, str):
+                continue
+            art = self.store.add_artifact(
+                job.version_id,
+                kind=VIDEO_KIND,
+                role="shot" if job.kind == "r2v" else "film",
+                path=path,
+                url_path="/media/" + path,
+                bytes=_int(meta.get("bytes")),
+                sha256=meta.get("sha256"),
+                metadata={k: v for k, v in meta.items() if k not in ("path", "sha256", "bytes")},
+                shot_id=job.shot_id,
+            )
+            artifacts.append(art)
+        result: dict[str, Any] = {"run_id": run.run_id}
+        if artifacts:
+            main = artifacts[0]
+            result["video_url"] = base + main.url_path
+            result["artifact_id"] = main.artifact_id
+            for key in ("width", "height", "frames", "fps", "duration_s", "has_audio", "seed", "video_mode"):
+                if key in main.metadata:
+                    result[key] = main.metadata[key]
+        live = {**self._live(run), "run_status": run.status}
+        record = self.store.update_status(
+            job.version_id, status="succeeded", stage=stages.SUCCEEDED, error=None, result=result, live=live
+        )
+        log.info("version %s succeeded (run %s)", job.version_id, run.run_id)
+        self._enqueue_callback(record)
+
+    def _failed(self, job: JobRecord, run: RunInfo) -> None:
+        newer = self._newest_retry(job, run)
+        if newer is not None:
+            self.store.follow_run(job.version_id, newer.run_id)
+            self.counters["followed_retries"] += 1
+            log.info("version %s: following retry run %s", job.version_id, newer.run_id)
+            return
+        if run.tags.get(WILL_RETRY_TAG) == "true":
+            first = self._failed_seen.setdefault(run.run_id, time.monotonic())
+            if time.monotonic() - first < RETRY_GRACE_S:
+                return  # the daemon is about to create the retry run
+        self._failed_seen.pop(run.run_id, None)
+        canceled = run.status == "CANCELED"
+        error = run.error_summary() or ("canceled" if canceled else "the run failed")
+        live = self._live(run)
+        record = self.store.update_status(
+            job.version_id,
+            status="failed",
+            stage=stages.CANCELED if canceled else stages.FAILED,
+            error=error,
+            result={"run_id": run.run_id},
+            live=live,
+        )
+        log.info("version %s failed: %s", job.version_id, error)
+        self._enqueue_callback(record)
+
+    def _newest_retry(self, job: JobRecord, run: RunInfo) -> RunInfo | None:
+        root = job.root_run_id or run.root_run_id or run.run_id
+        retries = [r for r in self.gateway.retries_of(root) if r.run_id != run.run_id]
+        newer = [r for r in retries if (r.create_time or 0) > (run.create_time or 0)]
+        return max(newer, key=lambda r: r.create_time or 0) if newer else None
+
+    # -- workers --------------------------------------------------------------------------------
+    def refresh_workers(self) -> None:
+        snaps = {}
+        for rec in read_workers(self.state_dir):
+            try:
+                snaps[rec.name] = call_worker(rec.url, "/status", timeout=2.0)
+            except WorkerError:
+                snaps[rec.name] = {"name": rec.name, "state": "unreachable", "device": rec.device}
+        self.workers = snaps
+
+    def capabilities(self) -> dict[str, Any] | None:
+        """What the loaded model can do, as the first worker that loaded it publishes it."""
+        return next((w["capabilities"] for w in self.workers.values() if w.get("capabilities")), None)
+
+    # -- callbacks ------------------------------------------------------------------------------
+    def _enqueue_callback(self, job: JobRecord) -> None:
+        if job.callback_url:
+            self.store.enqueue_callback(
+                job.version_id, job.callback_url, callback_payload(job, self.store, self.api)
+            )
+
+    def deliver_callbacks(self, client: httpx.Client) -> None:
+        for d in self.store.due_callbacks():
+            if self.stopping.is_set():
+                return
+            try:
+                resp = client.post(d.url, json=d.payload, headers={DELIVERY_HEADER: d.delivery_id})
+                ok, error = resp.is_success, f"HTTP {resp.status_code}"
+            except httpx.HTTPError as exc:
+                ok, error = False, f"{type(exc).__name__}: {exc}"
+            attempts = d.attempts + 1
+            limit = self.api.callback_max_attempts
+            if ok:
+                self.store.record_attempt(d.delivery_id, True)
+                self.counters["callbacks_delivered"] += 1
+            elif limit and attempts >= limit:
+                self.store.record_attempt(d.delivery_id, False, error)
+                log.warning(
+                    "callback %s for %s gave up after %d attempts: %s",
+                    d.delivery_id,
+                    d.version_id,
+                    attempts,
+                    error,
+                )
+            else:
+                delay = backoff_delay(attempts, self.api.callback_backoff_seconds)
+                self.store.record_attempt(d.delivery_id, False, error, time.time() + delay)
+
+
+def callback_payload(job: JobRecord, store: Store, api: ApiConfig) -> dict[str, Any]:
+    """The one POST a job's callback gets (r2v spec "Callbacks and errors")."""
+    base = api.base_url()
+    result = job.result or {}
+    artifacts = [
+        {"artifact_id": a.artifact_id, "url": base + a.url_path, "role": a.role, "sha256": a.sha256}
+        for a in store.artifacts_for(job.version_id)
+    ]
+    payload: dict[str, Any] = {
+        "kind": job.kind,
+        "work_id": job.work_id,
+        "job_id": job.job_id,
+        "remote_task_id": job.version_id,
+        "task_id": job.version_id,
+        "version_id": job.version_id,
+        "status": job.status,
+        "status_url": f"{base}/version/{job.version_id}",
+    }
+    if job.callback_context is not None:
+        payload["callback_context"] = job.callback_context
+    if job.status == "failed":
+        payload["error"] = job.error or "failed"
+    elif job.kind == "merge":
+        payload["result"] = {"video_url": result.get("video_url"), "artifacts": artifacts}
+    else:
+        payload.update(shot_id=job.shot_id, video_url=result.get("video_url"), artifacts=artifacts)
+    if job.kind == "r2v" and "shot_id" not in payload:
+        payload["shot_id"] = job.shot_id
+    return payload
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

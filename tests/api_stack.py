@@ -1,0 +1,159 @@
+"""Start and stop the whole service (server.py) for HTTP tests and benches: temporary state, free ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+FINISHED = ("succeeded", "failed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.3) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class ApiStack:
+    proc: subprocess.Popen
+    config: Path
+    state: Path
+    base: str
+    client: httpx.Client
+
+    def get(self, path: str) -> httpx.Response:
+        return self.client.get(self.base + path)
+
+    def post(self, path: str, body: dict, headers: dict | None = None) -> httpx.Response:
+        return self.client.post(self.base + path, json=body, headers=headers or {})
+
+    def wait_version(self, version_id: str, timeout: float = 120) -> dict:
+        def finished():
+            body = self.get(f"/version/{version_id}").json()
+            return body if body["status"] in FINISHED else None
+
+        return wait_for(finished, timeout, f"version {version_id}", interval=0.5)
+
+    def find_version(self, shot_id: str) -> str:
+        """The newest succeeded version of a shot (from the service store, as the API sees it)."""
+        from api.store import Store
+
+        store = Store(f"sqlite:///{self.state / 'api' / 'service.sqlite'}", create=False)
+        try:
+            job = store.newest_succeeded_shot("film", shot_id)
+            assert job is not None, shot_id
+            return job.version_id
+        finally:
+            store.close()
+
+    def log(self, name: str | None = None) -> str:
+        path = self.state / "logs" / f"{name}.log" if name else self.state / "server.out"
+        return path.read_text()[-6000:] if path.exists() else f"(no {path.name})"
+
+
+def write_server_yaml(root: Path, checkpoint: Path, api: dict | None = None, **extra) -> tuple[Path, Path]:
+    from conftest import write_inference_yaml
+
+    inference = write_inference_yaml(root / "inference.yaml", "wan", checkpoint, root / "cache")
+    state = root / "state"
+    state.mkdir(exist_ok=True)
+    data = {
+        "state_dir": str(state),
+        "webserver": {"host": "127.0.0.1", "port": free_port()},
+        "inference": {"config": str(inference)},
+        "workers": {"warm": True, "devices": [{"device": "cpu", "threads": 1}] * 2},
+        "monitoring": {"poll_interval_seconds": 2},
+        "api": {"host": "127.0.0.1", "port": free_port(), **(api or {})},
+        **extra,
+    }
+    config = root / "server.yaml"
+    config.write_text(yaml.safe_dump(data))
+    return config, state
+
+
+def launch(config: Path, state: Path) -> ApiStack:
+    data = yaml.safe_load(config.read_text())
+    out = open(state / "server.out", "ab")  # noqa: SIM115 - lives as long as the process
+    proc = subprocess.Popen(
+        [sys.executable, "server.py", "--config", str(config)],
+        cwd=REPO,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "SHOTLOOM_API_DEV": "1"},
+    )
+    base = f"http://127.0.0.1:{data['api']['port']}"
+    return ApiStack(proc, config, state, base, httpx.Client(timeout=30))
+
+
+def wait_ready(stack: ApiStack, timeout: float = 150) -> ApiStack:
+    def ready():
+        assert stack.proc.poll() is None, stack.log() + stack.log("api")
+        try:
+            return stack.get("/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(ready, timeout, "the service to be ready", interval=1)
+    except AssertionError:
+        raise AssertionError(stack.log() + stack.log("api")) from None
+    return stack
+
+
+def start_api_stack(root: Path, checkpoint: Path, api: dict | None = None, **extra) -> ApiStack:
+    config, state = write_server_yaml(root, checkpoint, api, **extra)
+    return wait_ready(launch(config, state))
+
+
+def stop_api_stack(stack: ApiStack) -> None:
+    stack.client.close()
+    if stack.proc.poll() is None:
+        os.killpg(stack.proc.pid, signal.SIGTERM)
+        try:
+            stack.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(stack.proc.pid, signal.SIGKILL)
+
+
+def kill_everything(stack: ApiStack) -> None:
+    """kill -9 server.py and every process it started (each child leads its own process group)."""
+    procs = [psutil.Process(stack.proc.pid)]
+    try:
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        pass
+    # Deepest first: children get SIGTERM from the kernel when server.py dies (PR_SET_PDEATHSIG),
+    # which would let them stop gracefully; this is a crash.
+    for p in reversed(procs):
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+    stack.client.close()

@@ -1,0 +1,238 @@
+"""The R2V scheduler API over real HTTP, on the whole stack started by server.py.
+
+One stack per module (2 CPU workers, the tiny Wan checkpoint, temporary state, free ports) and a
+callback receiver that refuses its first deliveries. Tests run in file order: later ones use the
+shots earlier ones produced (memory by shot_id, merge).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import numpy as np
+import pytest
+from api_stack import ApiStack, free_port, start_api_stack, stop_api_stack, wait_for
+from PIL import Image
+
+pytestmark = pytest.mark.slow
+
+
+def png_data_url(seed: int = 0, size: int = 64) -> str:
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 255, (size, size, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+class Receiver:
+    """Callback endpoint that answers 500 to its first ``refuse`` deliveries."""
+
+    def __init__(self, refuse: int):
+        self.refuse = refuse
+        self.attempts: list[dict] = []
+        self.delivered: list[dict] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                entry = {"body": body, "delivery_id": self.headers.get("X-Shotloom-Delivery-Id")}
+                receiver.attempts.append(entry)
+                ok = len(receiver.attempts) > receiver.refuse
+                if ok:
+                    receiver.delivered.append(entry)
+                self.send_response(200 if ok else 500)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    r = Receiver(refuse=2)
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory, wan_checkpoint) -> ApiStack:
+    root = tmp_path_factory.mktemp("api")
+    (root / "allowed").mkdir()
+    stack = start_api_stack(
+        root,
+        wan_checkpoint,
+        api={"callback_backoff_seconds": 0.2, "inputs": {"allowed_roots": [str(root / "allowed")]}},
+    )
+    try:
+        yield stack
+    finally:
+        stop_api_stack(stack)
+
+
+def shot(shot_id: str, **extra) -> dict:
+    return {
+        "work_id": "film",
+        "shot_id": shot_id,
+        "prompt": f"shot {shot_id}",
+        "memory_slots": [],
+        "seed": 7,
+        **extra,
+    }
+
+
+def test_health_reports_every_part_ready(api):
+    body = api.get("/health").json()
+    assert body["status"] == "ok", body
+    assert body["inference"]["enabled"] is True
+    workers = body["inference"]["workers"]
+    assert [w["name"] for w in workers] == ["cpu-0", "cpu-1"]
+    assert all(w["ready"] and w["weight_location"] and w["resources"]["ram_total_bytes"] for w in workers)
+    assert set(body["queues"]) == {"r2v", "merge"}
+    assert set(body["queues"]["r2v"]) == {"queued", "running", "succeeded", "failed"}
+    assert body["scheduler"]["workers_total"] == 2
+    assert body["ffmpeg_available"] is True
+    assert body["inference"]["residency"] == "auto"
+    assert "swagger" in api.get("/docs").text.lower()
+
+
+def test_r2v_with_inline_first_frame_succeeds_and_calls_back(api, receiver):
+    req = shot(
+        "s1",
+        job_id="film-s1-v1",
+        condition_img=png_data_url(1),
+        callback_url=receiver.url,
+        callback_context={"row": 3},
+    )
+    resp = api.post("/r2v", req)
+    assert resp.status_code == 202, resp.text
+    body = resp.json()
+    vid = body["version_id"]
+    assert body["task_id"] == vid == body["remote_task_id"]
+    assert body["kind"] == "r2v" and body["accepted"] is True and body["status"] == "queued"
+    assert body["stage"] == "queued" and body["queue_position"] >= 1
+    assert body["status_url"] == f"{api.base}/version/{vid}"
+
+    done = api.wait_version(vid)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["stage"] == "succeeded"
+    assert {"claimed", "inferring", "decoding", "writing"} <= set(done["stage_times"])
+    assert done["worker"]["name"] in ("cpu-0", "cpu-1")
+    assert done["video_url"].startswith(api.base + "/media/r2v/film/s1/")
+    assert png_data_url(1)[-80:] not in json.dumps(done["request"])  # inline data is not echoed back
+    [art] = done["artifacts"]
+    assert art["url"] == done["video_url"] and art["sha256"] and art["bytes"] > 0
+    assert "/tmp" not in json.dumps(api.get(f"/artifact/{art['artifact_id']}").json())
+
+    media = httpx.get(done["video_url"], headers={"Range": "bytes=0-99"})
+    assert media.status_code == 206 and len(media.content) == 100
+    full = httpx.get(done["video_url"]).content
+    assert len(full) == art["bytes"] and full[4:8] == b"ftyp"
+
+    wait_for(lambda: receiver.delivered, 30, "callback delivery")
+    assert len(receiver.attempts) == 3  # refused twice, retried with backoff, then delivered
+    assert len({a["delivery_id"] for a in receiver.attempts}) == 1  # one delivery id across retries
+    cb = receiver.delivered[0]["body"]
+    assert cb["remote_task_id"] == vid and cb["status"] == "succeeded" and cb["job_id"] == "film-s1-v1"
+    assert cb["shot_id"] == "s1" and cb["video_url"] == done["video_url"]
+    assert cb["callback_context"] == {"row": 3}
+
+
+def test_same_job_id_returns_the_original_version_and_other_payload_conflicts(api):
+    first = api.post("/r2v", shot("s2", job_id="film-s2-v1"))
+    assert first.status_code == 202
+    again = api.post("/r2v", shot("s2", job_id="film-s2-v1"))
+    assert again.status_code == 200 and again.json()["version_id"] == first.json()["version_id"]
+    other = api.post("/r2v", shot("s2", job_id="film-s2-v1", prompt="something else"))
+    assert other.status_code == 409 and "film-s2-v1" in other.json()["error"]
+
+    with ThreadPoolExecutor(4) as pool:  # concurrent first requests with one new key
+        answers = list(pool.map(lambda _: api.post("/r2v", shot("s3", job_id="film-s3-v1")), range(4)))
+    assert sorted(a.status_code for a in answers) == [200, 200, 200, 202]
+    assert len({a.json()["version_id"] for a in answers}) == 1
+    assert api.wait_version(first.json()["version_id"])["status"] == "succeeded"
+
+
+@pytest.mark.parametrize(
+    ("patch", "status", "field"),
+    [
+        ({"memory_slots": [{"image_url": png_data_url()}] * 8}, 422, "memory_slots"),
+        ({"memory_slots": [{"shot_id": "s1", "image_url": png_data_url()}]}, 422, "memory_slots[0]"),
+        ({"memory_slots": [{"image_url": png_data_url(), "image_mode": "x"}]}, 422, "memory_slots[0]"),
+        ({"memory_slots": [{"shot_id": "s1", "audio_mode": "empty"}]}, 422, "memory_slots[0]"),
+        (
+            {"memory_slots": [{"image_url": "data:image/png;base64,aGVsbG8="}]},
+            422,
+            "memory_slots[0].image_url",
+        ),
+        ({"condition_img": "/etc/passwd"}, 422, "condition_img"),
+        ({"condition_img": "http://127.0.0.1:1/x.png"}, 422, "condition_img"),
+        ({"prompt": "  "}, 422, "prompt"),
+        ({"num_frames": 0}, 422, "num_frames"),
+        ({"callback_url": "ftp://x"}, 422, "callback_url"),
+        ({"memory_slots": [{"shot_id": "never-made"}]}, 409, "memory_slots[0].shot_id"),
+    ],
+)
+def test_bad_requests_are_refused_before_queueing(api, patch, status, field):
+    before = api.get("/health").json()["queues"]["r2v"]
+    resp = api.post("/r2v", {**shot("bad"), **patch})
+    assert resp.status_code == status, resp.text
+    assert resp.json()["error"].startswith(field), resp.json()
+    assert api.get("/health").json()["queues"]["r2v"]["queued"] <= before["queued"]
+
+
+def test_unknown_ids_and_traversal_are_404(api):
+    assert api.get("/version/nope").status_code == 404
+    assert api.get("/artifact/nope").status_code == 404
+    for path in ("/media/../server.yaml", "/media/%2e%2e/server.yaml", "/media/r2v/missing.mp4"):
+        assert httpx.get(api.base + path).status_code == 404, path
+
+
+def test_memory_slot_by_shot_id_uses_the_newest_shot_of_the_work(api):
+    resp = api.post("/r2v", shot("s4", memory_slots=[{"shot_id": "s1"}]))
+    assert resp.status_code == 202, resp.text
+    done = api.wait_version(resp.json()["version_id"])
+    assert done["status"] == "succeeded", done["error"]
+    slot = done["request"]["inputs"]["memory_slots[0]"]
+    assert slot["image"]["media_type"] == "image/png"
+
+
+def test_merge_by_version_ids_produces_one_film(api, receiver):
+    versions = [api.find_version("s1"), api.find_version("s4")]
+    receiver.refuse, receiver.attempts, receiver.delivered = 0, [], []
+    resp = api.post(
+        "/merge",
+        {
+            "payload": {"work_id": "film", "shots": [{"version_id": v} for v in versions]},
+            "job": {"job_id": "film-merge-v1"},
+        },
+        headers={"X-Nanobot-Director-Callback-Url": receiver.url},
+    )
+    assert resp.status_code == 202, resp.text
+    body = resp.json()
+    assert body["kind"] == "merge"
+    done = api.wait_version(body["version_id"])
+    assert done["status"] == "succeeded", done["error"]
+    assert done["video_url"].startswith(api.base + "/media/merge/film/")
+    [art] = done["artifacts"]
+    assert art["role"] == "film" and art["metadata"]["frames"] == 2 * 17
+    wait_for(lambda: receiver.delivered, 30, "merge callback")
+    cb = receiver.delivered[0]["body"]
+    assert cb["job_id"] == "film-merge-v1" and cb["result"]["video_url"] == done["video_url"]
+
+    missing = api.post("/merge", {"work_id": "film", "shots": [{"version_id": "nope"}]})
+    assert missing.status_code == 409 and missing.json()["error"].startswith("shots[0].version_id")

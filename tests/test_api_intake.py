@@ -1,0 +1,135 @@
+"""Accepting jobs (api.service.Intake) on a real SQLite store and real media, without Dagster."""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from api.schemas import MergeRequest, R2VRequest
+from api.service import ApiError, Intake
+from api.settings import ApiConfig
+from api.store import Store
+from shotloom.media import write_mp4
+
+WAN_LIKE = {  # what a tiny Wan VACE worker publishes
+    "max_reference_images": 3,
+    "first_frame": True,
+    "last_frame": True,
+    "audio_in": False,
+    "audio_out": False,
+    "frame_multiple": 4,
+    "size_multiple": 16,
+    "fps": [16],
+    "guidance_range": [1.0, 20.0],
+    "max_frames": 1025,
+}
+
+
+def png_url(seed: int = 0) -> str:
+    pixels = np.random.default_rng(seed).integers(0, 255, (32, 32, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    s = Store(f"sqlite:///{tmp_path / 'service.sqlite'}")
+    yield s
+    s.close()
+
+
+def make_intake(tmp_path, store, caps=None, **api) -> tuple[Intake, list[int]]:
+    pokes: list[int] = []
+    intake = Intake(
+        store,
+        ApiConfig(**api),
+        tmp_path / "state",
+        tmp_path / "media",
+        on_accept=lambda: pokes.append(1),
+        capabilities=lambda: caps,
+    )
+    return intake, pokes
+
+
+def r2v(**fields) -> R2VRequest:
+    return R2VRequest.model_validate(
+        {"work_id": "w", "shot_id": "s", "prompt": "p", "memory_slots": [], **fields}
+    )
+
+
+def refused(call, status: int) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        call()
+    assert info.value.status == status, info.value.body()
+    return info.value
+
+
+def test_accepted_job_holds_its_run_config_and_no_inline_data(tmp_path, store):
+    intake, pokes = make_intake(tmp_path, store)
+    job = intake.accept_r2v(r2v(condition_img=png_url(), seed=3, num_frames=9), None).job
+    assert pokes == [1] and job.status == "queued" and job.submitted_at is None
+    config = job.request["run_config"]["ops"]["condition_op"]["config"]
+    assert config["seed"] == 3 and config["num_frames"] == 9
+    first = Path(config["first_frame"])
+    assert first.is_file() and first.is_relative_to(tmp_path / "state")  # content-addressed asset
+    assert job.request["client"]["condition_img"] == "data:image/png;base64,..."
+    assert job.request["inputs"]["condition_img"]["media_type"] == "image/png"
+
+
+def test_replay_answers_before_fetching_and_conflict_is_409(tmp_path, store):
+    intake, pokes = make_intake(tmp_path, store)
+    first = intake.accept_r2v(r2v(job_id="k", condition_img=png_url()), None)
+    # The replay would fail if it fetched the (unreachable) header callback or inputs again.
+    again = intake.accept_r2v(r2v(job_id="k", condition_img=png_url()), "http://example.invalid/cb")
+    assert (again.created, again.job.version_id) == (False, first.job.version_id)
+    assert pokes == [1]
+    err = refused(lambda: intake.accept_r2v(r2v(job_id="k", prompt="other"), None), 409)
+    assert first.job.version_id in err.message
+
+
+def test_full_queue_is_503_and_capabilities_are_checked_before_queueing(tmp_path, store):
+    intake, _ = make_intake(tmp_path, store, caps=WAN_LIKE, max_queue=1)
+    err = refused(lambda: intake.accept_r2v(r2v(width=50), None), 422)
+    assert err.field == "width" and "multiple of 16" in err.message
+    err = refused(lambda: intake.accept_r2v(r2v(num_frames=10), None), 422)
+    assert err.field == "num_frames"
+    slots = [{"image_url": png_url(i)} for i in range(4)]
+    assert refused(lambda: intake.accept_r2v(r2v(memory_slots=slots), None), 422).field == "memory_slots"
+    intake.accept_r2v(r2v(), None)
+    assert "queue is full" in refused(lambda: intake.accept_r2v(r2v(shot_id="t"), None), 503).message
+
+
+def test_memory_by_shot_id_needs_a_succeeded_shot_then_takes_its_frame(tmp_path, store):
+    intake, _ = make_intake(tmp_path, store, caps=WAN_LIKE)
+    ask = r2v(shot_id="s2", memory_slots=[{"shot_id": "s1"}])
+    assert refused(lambda: intake.accept_r2v(ask, None), 409).field == "memory_slots[0].shot_id"
+
+    earlier = intake.accept_r2v(r2v(shot_id="s1"), None).job
+    frames = np.zeros((5, 32, 32, 3), np.uint8)
+    frames[2] = 200  # the middle frame is the representative one
+    rel = "r2v/w/s1/run/output.mp4"
+    (tmp_path / "media" / rel).parent.mkdir(parents=True)
+    write_mp4(tmp_path / "media" / rel, frames, 16, None, None)  # with a silent audio track
+    store.add_artifact(earlier.version_id, kind="video", role="shot", path=rel, url_path="/media/" + rel)
+    assert refused(lambda: intake.accept_r2v(ask, None), 409).status == 409  # not succeeded yet
+    store.update_status(earlier.version_id, status="succeeded")
+
+    job = intake.accept_r2v(ask, None).job
+    [slot] = job.request["run_config"]["ops"]["condition_op"]["config"]["memory"]
+    assert slot["audio"] is None  # this model takes no audio: the shot's track is left out
+    assert np.asarray(Image.open(slot["image"])).mean() > 150
+
+
+def test_merge_refers_to_succeeded_versions_only(tmp_path, store):
+    intake, _ = make_intake(tmp_path, store)
+    shot = intake.accept_r2v(r2v(), None).job
+    req = MergeRequest.model_validate({"work_id": "w", "shots": [{"version_id": shot.version_id}]})
+    assert refused(lambda: intake.accept_merge(req, None), 409).field == "shots[0].version_id"
+    unknown = MergeRequest.model_validate({"work_id": "w", "shots": [{"version_id": "nope"}]})
+    assert "unknown" in refused(lambda: intake.accept_merge(unknown, None), 409).message

@@ -1,0 +1,75 @@
+"""kill -9 of the whole service while jobs are queued and running, then a start on the same state.
+
+Every accepted job completes, a finished job is neither rerun nor changed, its pending callback is
+delivered after the restart, and a job that was accepted but never submitted (the process died
+between answering and submitting) is submitted at start.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from api.dagster_client import DagsterGateway
+from api_stack import kill_everything, launch, wait_for, wait_ready, write_server_yaml
+from test_api_http import Receiver, shot
+
+from api.schemas import R2VRequest
+from api.service import VERSION_TAG, Intake
+from api.settings import ApiConfig
+from api.store import Store
+
+pytestmark = pytest.mark.slow
+
+
+def test_kill_9_of_everything_loses_nothing_and_reruns_nothing(tmp_path, wan_checkpoint):
+    receiver = Receiver(refuse=10_000)  # down until the restart
+    config, state = write_server_yaml(tmp_path, wan_checkpoint, api={"callback_backoff_seconds": 0.2})
+    settings = yaml.safe_load(config.read_text())
+    stack = wait_ready(launch(config, state))
+    try:
+        done = stack.post("/r2v", shot("a", job_id="a-v1", callback_url=receiver.url)).json()["version_id"]
+        before = stack.wait_version(done)
+        assert before["status"] == "succeeded"
+        wait_for(lambda: receiver.attempts, 30, "a first (refused) callback attempt")
+
+        # Longer jobs, more than the two workers: some running, some queued at the kill.
+        long = {"num_frames": 33, "width": 96, "height": 96}
+        pending = [stack.post("/r2v", shot(f"p{i}", **long)).json()["version_id"] for i in range(4)]
+        wait_for(
+            lambda: stack.get(f"/version/{pending[0]}").json()["status"] == "running", 60, "a running job"
+        )
+        kill_everything(stack)
+
+        # Accepted while the service was down, as if the API died between answering and submitting.
+        api_cfg = ApiConfig.model_validate(settings["api"])
+        store = Store(api_cfg.resolved_database_url(state))
+        orphan = Intake(store, api_cfg, state, state / "media").accept_r2v(
+            R2VRequest.model_validate(shot("orphan")), None
+        )
+        store.close()
+
+        receiver.refuse = 0
+        stack = wait_ready(launch(config, state))
+        for vid in [*pending, orphan.job.version_id]:
+            assert stack.wait_version(vid, timeout=240)["status"] == "succeeded", vid
+        statuses = [stack.get(f"/version/{v}").json() for v in pending]
+        # The runs the kill interrupted were put back in the FIFO, visibly.
+        assert any("recovered" in s["stage_times"] for s in statuses), statuses
+
+        after = stack.get(f"/version/{done}").json()
+        for key in ("status", "run_id", "video_url", "artifacts", "finished_at"):
+            assert after[key] == before[key], key
+        gateway = DagsterGateway("127.0.0.1", settings["webserver"]["port"])
+        assert len(gateway.find_runs_by_tag(VERSION_TAG, done)) == 1  # never run twice
+        for vid in [*pending, orphan.job.version_id]:
+            roots = [r for r in gateway.find_runs_by_tag(VERSION_TAG, vid) if not r.root_run_id]
+            assert len(roots) == 1, vid  # submitted once (retries keep the root's id)
+
+        wait_for(
+            lambda: any(d["body"]["remote_task_id"] == done for d in receiver.delivered), 30, "a callback"
+        )
+        ids = {a["delivery_id"] for a in receiver.attempts if a["body"]["remote_task_id"] == done}
+        assert len(ids) == 1  # the same durable delivery, retried across the restart
+    finally:
+        receiver.close()
+        kill_everything(stack)
