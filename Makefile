@@ -1,4 +1,4 @@
-# Two commands: `make run` (the r2v job on the embedded tiny default) and `make test`.
+# Two commands: `make run` (the whole service on the embedded tiny default) and `make test`.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,6 +15,10 @@ $(BIN)/dagster: pyproject.toml
 install: $(BIN)/dagster
 
 run: install
+	$(BIN)/python server.py --config configs/server.cpu.yaml
+
+# One r2v run in-process, without the service (no workers, no API).
+shot: install
 	mkdir -p $(DAGSTER_HOME)
 	$(BIN)/dagster job execute -m orchestration.definitions -j r2v -c configs/run.r2v.example.yaml
 	@echo "MP4 under var/media/r2v/"
@@ -23,4 +27,4 @@ test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
-.PHONY: install run test
+.PHONY: install run shot test

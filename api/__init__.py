@@ -1,4 +1,5 @@
-"""HTTP layer (FastAPI): the R2V scheduler and OpenAI-compatible contracts, talking to Dagster over GraphQL.
+"""HTTP layer (FastAPI): the R2V scheduler contract, talking to Dagster only over GraphQL.
 
-Not built yet (issue #4); kept here so the layer boundaries are visible.
+``python -m api --config <server YAML>`` serves it; server.py starts it with the rest of the
+service. Nothing here imports torch.
 """

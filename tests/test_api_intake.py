@@ -133,3 +133,12 @@ def test_merge_refers_to_succeeded_versions_only(tmp_path, store):
     assert refused(lambda: intake.accept_merge(req, None), 409).field == "shots[0].version_id"
     unknown = MergeRequest.model_validate({"work_id": "w", "shots": [{"version_id": "nope"}]})
     assert "unknown" in refused(lambda: intake.accept_merge(unknown, None), 409).message
+
+
+def test_the_api_process_never_imports_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, api.__main__; assert 'torch' not in sys.modules, 'torch imported'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
