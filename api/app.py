@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from api.dagster_client import DagsterGateway
 from api.follower import Follower
@@ -85,9 +85,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
-    def accepted(job: JobRecord, created: bool) -> JSONResponse:
-        body = AcceptedResponse(**_task_fields(ctx, job, base)).model_dump(mode="json")
-        return JSONResponse(body, status_code=202 if created else 200)
+    def accepted(job: JobRecord, created: bool) -> Response:
+        job, position, artifacts = ctx.store.version_view(job.version_id)
+        body = AcceptedResponse(**_task_fields(job, position, artifacts, base)).model_dump_json()
+        return Response(body, status_code=202 if created else 200, media_type="application/json")
 
     def ready_or_503() -> None:
         if not ctx.follower.started:
@@ -102,7 +103,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     def post_r2v(
         req: R2VRequest,
         callback_header: Annotated[str | None, Header(alias=CALLBACK_HEADER)] = None,
-    ) -> JSONResponse:
+    ) -> Response:
         """Queue one reference-to-video job; poll ``status_url``."""
         ready_or_503()
         result = ctx.intake.accept_r2v(req, callback_header)
@@ -117,25 +118,29 @@ def create_app(ctx: ApiContext) -> FastAPI:
     def post_merge(
         req: MergeRequest,
         callback_header: Annotated[str | None, Header(alias=CALLBACK_HEADER)] = None,
-    ) -> JSONResponse:
+    ) -> Response:
         """Queue an ordered concatenation of shots (by ``version_id`` or ``video_url``)."""
         ready_or_503()
         result = ctx.intake.accept_merge(req, callback_header)
         return accepted(result.job, result.created)
 
+    # Reads are a few SQLite/PostgreSQL lookups: served on the event loop (no threadpool hop) and
+    # serialised once, since pollers hit them hard (bench/api.py).
     @app.get("/version/{version_id}", response_model=VersionResponse, responses=_ERRORS)
-    def get_version(version_id: str) -> VersionResponse:
-        job = ctx.store.get(version_id)
-        if job is None:
+    async def get_version(version_id: str) -> Response:
+        view = ctx.store.version_view(version_id)
+        if view is None:
             raise ApiError(404, f"unknown version {version_id!r}")
-        return version_response(ctx, job, base)
+        job, position, artifacts = view
+        body = version_response(job, position, artifacts, base)
+        return Response(body.model_dump_json(), media_type="application/json")
 
     @app.get("/artifact/{artifact_id}", response_model=ArtifactResponse, responses=_ERRORS)
-    def get_artifact(artifact_id: str) -> ArtifactResponse:
+    async def get_artifact(artifact_id: str) -> Response:
         art = ctx.store.get_artifact(artifact_id)
         if art is None:
             raise ApiError(404, f"unknown artifact {artifact_id!r}")
-        return artifact_response(art, base)
+        return Response(artifact_response(art, base).model_dump_json(), media_type="application/json")
 
     @app.get("/health", response_model=HealthResponse, responses={503: {"description": "Not ready."}})
     def get_health() -> JSONResponse:
@@ -165,7 +170,9 @@ def artifact_response(art: ArtifactRecord, base: str) -> ArtifactResponse:
     )
 
 
-def _task_fields(ctx: ApiContext, job: JobRecord, base: str) -> dict[str, Any]:
+def _task_fields(
+    job: JobRecord, position: int | None, artifacts: list[ArtifactRecord], base: str
+) -> dict[str, Any]:
     return {
         "kind": job.kind,
         "task_id": job.version_id,
@@ -176,17 +183,19 @@ def _task_fields(ctx: ApiContext, job: JobRecord, base: str) -> dict[str, Any]:
         "shot_id": job.shot_id,
         "status": job.status,
         "stage": job.stage,
-        "queue_position": ctx.store.queue_position(job.version_id) if job.status == "queued" else None,
+        "queue_position": position,
         "status_url": f"{base}/version/{job.version_id}",
-        "artifacts": [artifact_response(a, base) for a in ctx.store.artifacts_for(job.version_id)],
+        "artifacts": [artifact_response(a, base) for a in artifacts],
     }
 
 
-def version_response(ctx: ApiContext, job: JobRecord, base: str) -> VersionResponse:
+def version_response(
+    job: JobRecord, position: int | None, artifacts: list[ArtifactRecord], base: str
+) -> VersionResponse:
     live = job.live or {}
     result = job.result or {}
     return VersionResponse(
-        **_task_fields(ctx, job, base),
+        **_task_fields(job, position, artifacts, base),
         error=job.error,
         video_url=result.get("video_url"),
         created_at=iso_time(job.created_at),

@@ -66,11 +66,18 @@ class Follower:
         self.counters = {"submitted": 0, "reconciled": 0, "followed_retries": 0, "callbacks_delivered": 0}
         self._threads: list[threading.Thread] = []
         self._failed_seen: dict[str, float] = {}
+        self._boot = time.time()
+        self._uncertain: set[str] = set()  # versions whose submit raised: a run may exist
         self.started = False
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
-        for name, target in (("follow", self._follow_loop), ("callbacks", self._callback_loop)):
+        loops = (
+            ("submit", lambda: self._loop((self.submit_pending,), self.wake)),
+            ("follow", lambda: self._loop((self.follow_runs, self.refresh_workers), self.stopping)),
+            ("callbacks", self._callback_loop),
+        )
+        for name, target in loops:
             t = threading.Thread(target=target, name=f"api-{name}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -86,10 +93,11 @@ class Follower:
         """A job was accepted: submit it now rather than at the next tick."""
         self.wake.set()
 
-    def _follow_loop(self) -> None:
+    def _loop(self, duties, pause: threading.Event) -> None:
+        """Run ``duties`` every poll interval (or when ``pause`` is set), surviving any error."""
         down_since: float | None = None
         while not self.stopping.is_set():
-            for duty in (self.submit_pending, self.follow_runs, self.refresh_workers):
+            for duty in duties:
                 try:
                     duty()
                 except DagsterUnavailable as exc:  # starting or restarting: jobs wait in the store
@@ -99,11 +107,12 @@ class Follower:
                 except Exception as exc:  # a locked DB, a bad answer...: next tick
                     log.warning("%s: %s", duty.__name__, exc)
                 else:
-                    if down_since is not None and duty is self.follow_runs:
+                    if down_since is not None:
                         log.info("Dagster reachable again after %.1fs", time.monotonic() - down_since)
                         down_since = None
-            self.wake.wait(self.poll_seconds)
-            self.wake.clear()
+            pause.wait(self.poll_seconds)
+            if pause is self.wake:
+                self.wake.clear()
 
     def _callback_loop(self) -> None:
         with httpx.Client(timeout=self.api.callback_timeout_seconds) as client:
@@ -117,19 +126,27 @@ class Follower:
     # -- submit ---------------------------------------------------------------------------------
     def submit_pending(self) -> None:
         for job in self.store.unsubmitted():
-            existing = self.gateway.find_runs_by_tag(VERSION_TAG, job.version_id)
-            roots = [r for r in existing if not r.root_run_id or r.root_run_id == r.run_id]
-            if roots:  # submitted before a crash, never recorded: adopt it, never submit twice
-                self.store.mark_submitted(job.version_id, roots[0].run_id)
-                self.counters["reconciled"] += 1
-                log.info("version %s: adopted run %s", job.version_id, roots[0].run_id)
-                continue
+            if self.stopping.is_set():
+                return
+            # Accepted before this process started, or a submit that raised (it may have created
+            # the run anyway): look for a run tagged with the version first, never submit twice.
+            if job.created_at < self._boot or job.version_id in self._uncertain:
+                existing = self.gateway.find_runs_by_tag(VERSION_TAG, job.version_id)
+                roots = [r for r in existing if not r.root_run_id or r.root_run_id == r.run_id]
+                if roots:
+                    self.store.mark_submitted(job.version_id, roots[-1].run_id)
+                    self._uncertain.discard(job.version_id)
+                    self.counters["reconciled"] += 1
+                    log.info("version %s: adopted run %s", job.version_id, roots[-1].run_id)
+                    continue
             req = job.request
             tags = {VERSION_TAG: job.version_id, "shotloom/work_id": job.work_id}
             if job.shot_id:
                 tags["shotloom/shot_id"] = job.shot_id
+            self._uncertain.add(job.version_id)
             run_id = self.gateway.submit(req["job_name"], req["run_config"], tags)
             self.store.mark_submitted(job.version_id, run_id)
+            self._uncertain.discard(job.version_id)
             self.counters["submitted"] += 1
             log.info("version %s: submitted run %s", job.version_id, run_id)
 

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Float,
     ForeignKey,
     Index,
@@ -35,6 +36,7 @@ from sqlalchemy import (
     event,
     func,
     select,
+    text,
     tuple_,
 )
 from sqlalchemy.engine import Engine, make_url
@@ -146,7 +148,7 @@ class Artifact(Base):
     role: Mapped[str] = mapped_column(String(64))
     path: Mapped[str] = mapped_column(Text)  # relative to media_root
     url_path: Mapped[str] = mapped_column(Text)  # e.g. /media/r2v/demo/shot-1/<id>/output.mp4
-    bytes: Mapped[int | None] = mapped_column(Integer)
+    bytes: Mapped[int | None] = mapped_column(BigInteger)  # 64-bit on PostgreSQL too (files > 2 GiB)
     sha256: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[float] = mapped_column(Float)
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
@@ -160,7 +162,7 @@ class InputAsset(Base):
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
     path: Mapped[str] = mapped_column(Text)  # relative to the assets dir
     media_type: Mapped[str] = mapped_column(String(128))
-    bytes: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[float] = mapped_column(Float)
 
 
@@ -373,6 +375,10 @@ def _sqlite_engine(url: str, busy_timeout_s: float) -> Engine:
     return engine
 
 
+# Any constant: serializes concurrent create_schema() calls on one PostgreSQL database.
+_SCHEMA_LOCK_KEY = 0x5_4071_00A1
+
+
 class Store:
     """The service store. Thread-safe: every method opens its own session and transaction."""
 
@@ -387,6 +393,13 @@ class Store:
             self.create_schema()
 
     def create_schema(self) -> None:
+        if self.engine.dialect.name == "postgresql":
+            # CREATE TABLE IF-missing checks race between processes starting at once; DDL is
+            # transactional here, so take a transaction-scoped advisory lock and create under it.
+            with self.engine.begin() as conn:
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
+                Base.metadata.create_all(conn)
+            return
         Base.metadata.create_all(self.engine)
 
     def close(self) -> None:
@@ -560,22 +573,39 @@ class Store:
             row.updated_at = now
             return _job_record(row)
 
+    @staticmethod
+    def _position(s: Session, row: Job) -> int | None:
+        if row.status != "queued":
+            return None
+        ahead = s.scalar(
+            select(func.count())
+            .select_from(Job)
+            .where(
+                Job.kind == row.kind,
+                Job.status == "queued",
+                tuple_(Job.created_at, Job.version_id) < tuple_(row.created_at, row.version_id),
+            )
+        )
+        return int(ahead or 0) + 1
+
     def queue_position(self, version_id: str) -> int | None:
         """1-based FIFO position among queued jobs of the same kind; None unless the job is queued."""
         with self._read() as s:
             row = s.get(Job, version_id)
-            if row is None or row.status != "queued":
+            return self._position(s, row) if row is not None else None
+
+    def version_view(self, version_id: str) -> tuple[JobRecord, int | None, list[ArtifactRecord]] | None:
+        """The job, its queue position and its artifacts in one read (GET /version is polled hard)."""
+        with self._read() as s:
+            row = s.get(Job, version_id)
+            if row is None:
                 return None
-            ahead = s.scalar(
-                select(func.count())
-                .select_from(Job)
-                .where(
-                    Job.kind == row.kind,
-                    Job.status == "queued",
-                    tuple_(Job.created_at, Job.version_id) < tuple_(row.created_at, row.version_id),
-                )
-            )
-            return int(ahead or 0) + 1
+            arts = s.scalars(
+                select(Artifact)
+                .where(Artifact.version_id == version_id)
+                .order_by(Artifact.created_at, Artifact.artifact_id)
+            ).all()
+            return _job_record(row), self._position(s, row), [_artifact_record(a) for a in arts]
 
     def counts_by_status(self, kind: JobKind) -> dict[str, int]:
         """{queued, running, succeeded, failed: n} for one kind (zeros included)."""
@@ -598,7 +628,7 @@ class Store:
                     Job.shot_id == shot_id,
                     Job.status == "succeeded",
                 )
-                .order_by(Job.finished_at.desc(), Job.created_at.desc())
+                .order_by(Job.finished_at.desc().nulls_last(), Job.created_at.desc())
                 .limit(1)
             ).first()
             return _job_record(row) if row is not None else None

@@ -1,20 +1,51 @@
-"""The API's service store on a real SQLite file: idempotency, races, reconciliation, queue, outbox."""
+"""The API's service store on a real SQLite file and on a real (throwaway) PostgreSQL server: idempotency,
+races, reconciliation, queue, outbox. Every ``store``/``db_url`` test runs once per backend."""
 
 from __future__ import annotations
 
 import sqlite3
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
+import pg
 import pytest
 
+from api import store as store_module
 from api.settings import ApiConfig
 from api.store import IdempotencyConflict, NewJob, Store, UnknownVersion, backoff_delay, payload_hash
 
 
+@pytest.fixture(scope="module")
+def pg_server():
+    """One throwaway PostgreSQL cluster for this module (skipped where initdb/pg_ctl are missing)."""
+    reason = pg.missing_reason()
+    if reason:
+        pytest.skip(reason)
+    server = pg.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path) -> str:
+    """A fresh, empty store URL: the default SQLite file, or a new schema on the test PostgreSQL."""
+    if request.param == "sqlite":
+        return ApiConfig().resolved_database_url(tmp_path / "state")
+    return request.getfixturevalue("pg_server").fresh_url()
+
+
 @pytest.fixture
-def store(tmp_path):
+def store(db_url):
+    s = Store(db_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def sqlite_store(tmp_path):
     s = Store(ApiConfig().resolved_database_url(tmp_path / "state"))
     yield s
     s.close()
@@ -33,10 +64,10 @@ def _job(job_id=None, *, kind="r2v", work_id="w", shot_id="s1", prompt="a kite",
     )
 
 
-def test_default_url_is_a_wal_sqlite_file_under_the_state_dir(tmp_path, store):
+def test_default_url_is_a_wal_sqlite_file_under_the_state_dir(tmp_path, sqlite_store):
     db = tmp_path / "state" / "api" / "service.sqlite"
-    assert store.url == f"sqlite:///{db}"
-    store.accept(_job())
+    assert sqlite_store.url == f"sqlite:///{db}"
+    sqlite_store.accept(_job())
     assert db.is_file()
     with sqlite3.connect(db) as c:
         assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -195,8 +226,8 @@ def test_callback_outbox_schedule(store):
     assert backoff_delay(50, 2.0) == 300.0
 
 
-def test_store_survives_reopen(tmp_path):
-    url = ApiConfig().resolved_database_url(tmp_path)
+def test_store_survives_reopen(db_url):
+    url = db_url
     s1 = Store(url)
     v = s1.accept(_job("persist")).version_id
     s1.enqueue_callback(v, "http://cb", {"a": 1}, now=0.0)
@@ -226,3 +257,119 @@ def test_api_config_defaults_and_urls(tmp_path):
     assert policy.allowed_roots == [(tmp_path / "refs").resolve(), Path("/abs")]
     with pytest.raises(ValueError):
         ApiConfig.model_validate({"inputs": {"fetch_url": True}})  # extra keys are refused
+
+
+# -- what differs between SQLite and PostgreSQL: row locks, JSON, 64-bit sizes, collation, races -----
+
+
+def _together(n: int, fn):
+    """Run ``fn(i)`` for i in 0..n-1 on n threads released at once; their results in order."""
+    barrier = threading.Barrier(n)
+
+    def call(i):
+        barrier.wait()
+        return fn(i)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(call, range(n)))
+
+
+def test_live_column_round_trips_and_is_kept(store):
+    v = store.accept(_job("live")).version_id
+    assert store.get(v).live is None
+    live = {
+        "run_status": "STARTED",
+        "stage_times": {"claimed": 1_700_000_000.125, "denoise": 1_700_000_012.5},
+        "progress": {"step": 3, "steps": 8, "fraction": 0.375},
+        "worker": {"name": "w0", "device": "cuda:0", "tags": ["warm", "ünïcode ✓"]},
+        "empty": None,
+    }
+    rec = store.update_status(v, status="running", stage="denoise", live=live)
+    assert rec.live == live and store.get(v).live == live
+    kept = store.update_status(v, stage="decode")  # live left out: kept
+    assert (kept.stage, kept.live) == ("decode", live)
+    assert store.update_status(v, live={"run_status": "STARTED"}).live == {"run_status": "STARTED"}
+    assert store.update_status(v, live=None).live is None
+    assert store.get(v).live is None
+
+
+def test_idempotent_version(store):
+    assert store.idempotent_version("nope") is None
+    acc = store.accept(_job("known", kind="merge", shot_id=None))
+    assert store.idempotent_version("known") == (acc.version_id, acc.job.payload_hash, "merge")
+
+
+def test_row_locks_serialize_concurrent_writers(store):
+    """read-modify-write methods lock the row: on PostgreSQL without FOR UPDATE these lose updates."""
+    v = store.accept(_job("locks")).version_id
+    won = _together(8, lambda i: store.mark_submitted(v, f"run-{i}"))
+    assert sum(won) == 1
+    assert store.get(v).run_id == f"run-{won.index(True)}"
+
+    d = store.enqueue_callback(v, "http://cb/hook", {}, now=1.0)
+    _together(8, lambda i: store.record_attempt(d, ok=False, error=f"e{i}", next_attempt_at=2.0 + i))
+    assert store.get_callback(d).attempts == 8
+
+
+def test_concurrent_idempotent_inserts(store):
+    """Racing inserts of one artifact path, input digest or callback all end with the first record."""
+    v = store.accept(_job("dup")).version_id
+    arts = _together(
+        6, lambda i: store.add_artifact(v, kind="video", role="output", path="o.mp4", url_path="/o")
+    )
+    assert len({a.artifact_id for a in arts}) == 1 and len(store.artifacts_for(v)) == 1
+    assets = _together(6, lambda i: store.put_input_asset("ef" * 32, f"p{i}.png", "image/png", 5))
+    assert len(set(assets)) == 1 and store.get_input_asset("ef" * 32) == assets[0]
+    ids = _together(6, lambda i: store.enqueue_callback(v, f"http://cb/{i}", {"i": i}))
+    assert len(set(ids)) == 1 and store.callback_for(v).delivery_id == ids[0]
+
+
+def test_ties_in_created_at_break_on_version_id(store, monkeypatch):
+    """The FIFO order is (created_at, version_id): a row-value comparison on both backends."""
+    monkeypatch.setattr(store_module, "time", SimpleNamespace(time=lambda: 1_700_000_000.123456))
+    order = ["b" * 32, "0" * 32, "c" * 32, "a" * 32, "9" * 32]
+    for i, vid in enumerate(order):
+        store.accept(_job(shot_id=f"s{i}", version_id=vid))
+    expected = sorted(order)
+    assert [j.version_id for j in store.unsubmitted()] == expected
+    assert [store.queue_position(v) for v in expected] == [1, 2, 3, 4, 5]
+    assert store.get(order[0]).created_at == 1_700_000_000.123456  # float timestamps round-trip exactly
+
+
+def test_large_sizes_long_ids_and_fractional_times(store):
+    long_id = "ü" * 200 + "x" * 55  # the API allows 255 characters (not bytes)
+    acc = store.accept(_job(long_id, work_id=long_id, shot_id=long_id, prompt="ß" * 5000))
+    assert store.accept(_job(long_id, work_id=long_id, shot_id=long_id, prompt="ß" * 5000)).created is False
+    job = store.get(acc.version_id)
+    assert (job.job_id, job.work_id, job.shot_id) == (long_id, long_id, long_id)
+    big = 5 * 1024**3  # past a 32-bit INTEGER
+    art = store.add_artifact(
+        acc.version_id, kind="video", role="output", path="m.mp4", url_path="/m", bytes=big
+    )
+    assert art.bytes == big and store.get_artifact(art.artifact_id).bytes == big
+    assert store.put_input_asset("aa" * 32, "a.bin", "video/mp4", big).bytes == big
+    t0 = 1_700_000_000.000001
+    d = store.enqueue_callback(acc.version_id, "http://cb", {"n": 1}, now=t0)
+    assert [x.delivery_id for x in store.due_callbacks(t0)] == [d]
+    assert store.due_callbacks(t0 - 1e-6) == []
+
+
+def test_schema_creation_is_safe_when_processes_start_together(db_url):
+    stores = _together(4, lambda i: Store(db_url))
+    try:
+        v = stores[0].accept(_job("schema")).version_id
+        assert all(s.get(v) is not None for s in stores)
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_bare_postgresql_url_uses_the_pinned_driver(pg_server):
+    """SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3, the driver pyproject pins."""
+    url = pg_server.fresh_url().replace("postgresql+psycopg://", "postgresql://", 1)
+    s = Store(url)
+    try:
+        assert s.url == url and s.engine.dialect.driver == "psycopg"
+        assert s.accept(_job("bare")).created
+    finally:
+        s.close()

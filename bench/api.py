@@ -1,0 +1,376 @@
+#!/usr/bin/env python
+"""HTTP API latency: POST /r2v accept time, and GET /version under concurrent pollers.
+
+Starts the whole service with ``server.py`` (Dagster webserver, daemon, two warm one-thread
+CPU workers on the tiny Wan checkpoint, the FastAPI app) on a temporary state dir and free
+ports, waits for ``GET /health`` to answer 200, then measures over real HTTP:
+
+* accept: ``--requests`` sequential ``POST /r2v`` (distinct shot ids, a small inline
+  ``data:`` PNG as condition_img; every 10th also one memory slot with a ``data:`` image),
+  client wall time per request: p50, p99 (target p50 <= 500 ms);
+* version: ``--pollers`` threads, each looping ``GET /version/{id}`` on one of the accepted
+  versions for ``--seconds`` while the workers process the queue: p50, p99, requests/s
+  (target p99 <= 100 ms). Every poller keeps one HTTP/1.1 connection open (http.client:
+  little client CPU, so the figures are mostly the server's).
+
+Also shown: CPU time the API process spent per request in each phase (from /proc, via psutil).
+The service is stopped with SIGTERM to its process group (SIGKILL after 60 s), also on errors.
+
+    python bench/api.py [--requests 60] [--pollers 50] [--seconds 10] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import http.client
+import io
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import yaml
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, result_line  # noqa: E402
+
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+from api_stack import ApiStack, free_port, launch, stop_api_stack, wait_ready  # noqa: E402
+
+TARGETS = {"accept_p50_ms": 500.0, "version_p99_ms": 100.0}
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+# -- the service ---------------------------------------------------------------------------------
+def write_config(root: Path, max_queue: int) -> tuple[Path, Path]:
+    """Server YAML: 2 one-thread CPU workers, the tiny Wan model built into ``root``, free ports."""
+    from shotloom.families.wan import WanAdapter
+
+    checkpoint = WanAdapter.build_tiny_checkpoint(root / "wan-tiny", seed=0)
+    inference = yaml.safe_load((REPO / "configs" / "inference.wan-tiny.yaml").read_text())
+    inference["paths"] = {"checkpoint": str(checkpoint), "cache_dir": str(root / "cache")}
+    (root / "inference.yaml").write_text(yaml.safe_dump(inference))
+    state = root / "state"
+    state.mkdir()
+    config = root / "server.yaml"
+    config.write_text(yaml.safe_dump({
+        "state_dir": str(state),
+        "media_root": str(root / "media"),
+        "step_storage": str(root / "steps"),
+        "webserver": {"host": "127.0.0.1", "port": free_port()},
+        "inference": {"config": str(root / "inference.yaml")},
+        "workers": {"warm": True, "devices": [{"device": "cpu", "threads": 1}] * 2},
+        "monitoring": {"poll_interval_seconds": 2},
+        "api": {"host": "127.0.0.1", "port": free_port(), "max_queue": max_queue},
+    }))  # fmt: skip
+    return config, state
+
+
+def api_process(stack: ApiStack) -> psutil.Process | None:
+    """The ``python -m api`` child of server.py (for its CPU time)."""
+    try:
+        for p in psutil.Process(stack.proc.pid).children(recursive=True):
+            cmd = p.cmdline()
+            if "-m" in cmd and cmd[cmd.index("-m") + 1 : cmd.index("-m") + 2] == ["api"]:
+                return p
+    except psutil.Error:
+        pass
+    return None
+
+
+def tree_cpu_seconds(stack: ApiStack) -> float:
+    """CPU seconds of server.py and everything it started (webserver, daemon, workers, API)."""
+    total = 0.0
+    try:
+        procs = [psutil.Process(stack.proc.pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.Error:
+        return float("nan")
+    for p in procs:
+        total += cpu_seconds(p)
+    return total
+
+
+def cpu_seconds(proc: psutil.Process | None) -> float:
+    if proc is None:
+        return float("nan")
+    try:
+        t = proc.cpu_times()
+        return t.user + t.system
+    except psutil.Error:
+        return float("nan")
+
+
+def submitted_count(state: Path) -> int:
+    """Accepted jobs the API has handed to Dagster so far (read from the service store)."""
+    url = f"file:{state / 'api' / 'service.sqlite'}?mode=ro"
+    with contextlib.closing(sqlite3.connect(url, uri=True)) as db:
+        return db.execute("SELECT count(*) FROM jobs WHERE submitted_at IS NOT NULL").fetchone()[0]
+
+
+# -- requests ------------------------------------------------------------------------------------
+def png_data_url(seed: int, size: int = 64) -> str:
+    pixels = np.random.default_rng(seed).integers(0, 255, (size, size, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def r2v_body(i: int) -> dict:
+    body = {
+        "work_id": "bench",
+        "shot_id": f"shot-{i:04d}",
+        "job_id": f"bench-shot-{i:04d}",
+        "prompt": f"api bench shot {i}: a paper boat drifting down a rain gutter",
+        "seed": i,
+        "condition_img": png_data_url(i),
+        "memory_slots": [],
+    }
+    if i % 10 == 5:
+        body["memory_slots"] = [{"image_url": png_data_url(10_000 + i)}]
+    return body
+
+
+class Conn:
+    """One keep-alive HTTP/1.1 connection (reconnects once if the server closed it)."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.conn = http.client.HTTPConnection(host, port, timeout=60)
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        for attempt in (0, 1):
+            try:
+                self.conn.request(method, path, body=body, headers=headers)
+                resp = self.conn.getresponse()
+                return resp.status, resp.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.conn.close()
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(np.ceil(q / 100 * len(ordered)))))
+    return ordered[rank - 1]
+
+
+# -- measurements --------------------------------------------------------------------------------
+def measure_accept(host: str, port: int, n: int, api: psutil.Process | None) -> tuple[dict, list[str]]:
+    bodies = [json.dumps(r2v_body(i)).encode() for i in range(n)]  # encoded up front: not timed
+    conn = Conn(host, port)
+    times, versions, positions = [], [], []
+    cpu0 = cpu_seconds(api)
+    try:
+        for body in bodies:
+            start = time.perf_counter()
+            status, raw = conn.request("POST", "/r2v", body)
+            times.append(time.perf_counter() - start)
+            if status != 202:
+                raise RuntimeError(f"POST /r2v answered {status}: {raw[:500]!r}")
+            answer = json.loads(raw)
+            versions.append(answer["version_id"])
+            positions.append(answer.get("queue_position"))
+    finally:
+        conn.close()
+    cpu = cpu_seconds(api) - cpu0
+    ms = [t * 1000 for t in times]
+    return {
+        "n": n,
+        "p50_ms": percentile(ms, 50),
+        "p99_ms": percentile(ms, 99),
+        "mean_ms": statistics.mean(ms),
+        "max_ms": max(ms),
+        "first_ms": ms[0],
+        "api_cpu_ms_per_req": cpu * 1000 / n,
+        "last_queue_position": positions[-1],
+        "body_kib": statistics.mean(len(b) for b in bodies) / 1024,
+    }, versions
+
+
+def measure_version(host: str, port: int, versions: list[str], pollers: int, seconds: float,
+                    api: psutil.Process | None, stack: ApiStack | None = None) -> dict:  # fmt: skip
+    barrier = threading.Barrier(pollers + 1)
+    stop_at = [0.0]
+    per_thread: list[list[float]] = [[] for _ in range(pollers)]
+    errors: list[str] = []
+    statuses: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def poll(k: int) -> None:
+        conn = Conn(host, port)
+        path = f"/version/{versions[k % len(versions)]}"
+        mine, seen = per_thread[k], {}
+        try:
+            conn.request("GET", path)  # connect and warm up, not timed
+            barrier.wait()
+            while time.perf_counter() < stop_at[0]:
+                start = time.perf_counter()
+                status, raw = conn.request("GET", path)
+                mine.append(time.perf_counter() - start)
+                if status != 200:
+                    with lock:
+                        errors.append(f"{status}: {raw[:200]!r}")
+                    continue
+                s = json.loads(raw)["status"]
+                seen[s] = seen.get(s, 0) + 1
+        except Exception as exc:  # counted, the bench goes on
+            with lock:
+                errors.append(f"{type(exc).__name__}: {exc}")
+            barrier.abort()
+        finally:
+            conn.close()
+            with lock:
+                for s, c in seen.items():
+                    statuses[s] = statuses.get(s, 0) + c
+
+    threads = [threading.Thread(target=poll, args=(k,), daemon=True) for k in range(pollers)]
+    for t in threads:
+        t.start()
+    stop_at[0] = time.perf_counter() + 3600  # set for real once every poller is connected
+    barrier.wait()
+    cpu0, client0 = cpu_seconds(api), time.process_time()
+    tree0 = tree_cpu_seconds(stack) if stack else float("nan")
+    psutil.cpu_percent()
+    started = time.perf_counter()
+    stop_at[0] = started + seconds
+    for t in threads:
+        t.join(seconds + 120)
+    elapsed = time.perf_counter() - started
+    cpu, client_cpu = cpu_seconds(api) - cpu0, time.process_time() - client0
+    host_busy = psutil.cpu_percent() / 100 * (os.cpu_count() or 1)
+    tree = (tree_cpu_seconds(stack) if stack else float("nan")) - tree0
+    ms = [t * 1000 for times in per_thread for t in times]
+    if not ms:
+        raise RuntimeError(f"no GET /version answered: {errors[:5]}")
+    return {
+        "requests": len(ms),
+        "p50_ms": percentile(ms, 50),
+        "p90_ms": percentile(ms, 90),
+        "p99_ms": percentile(ms, 99),
+        "max_ms": max(ms),
+        "rps": len(ms) / elapsed,
+        "errors": len(errors),
+        "first_errors": errors[:3],
+        "statuses": statuses,
+        "api_cpu_ms_per_req": cpu * 1000 / len(ms),
+        "api_cpu_util": cpu / elapsed,
+        "client_cpu_util": client_cpu / elapsed,
+        "service_cpu_util": tree / elapsed,
+        "host_cpu_util": host_busy,
+    }
+
+
+# -- main ----------------------------------------------------------------------------------------
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=60, help="sequential POST /r2v requests")
+    p.add_argument("--pollers", type=int, default=50, help="concurrent GET /version pollers")
+    p.add_argument("--seconds", type=float, default=10.0, help="how long the pollers run")
+    p.add_argument("--keep", action="store_true", help="keep the temporary state dir")
+    args = p.parse_args()
+    for key, value in ONE_THREAD.items():
+        os.environ.setdefault(key, value)  # inherited by server.py's workers
+
+    root = Path(tempfile.mkdtemp(prefix="shotloom-bench-api-"))
+    print(f"state under {root}", flush=True)
+    stack = None
+    try:
+        config, state = write_config(root, max_queue=max(1000, 2 * args.requests))
+        print("starting server.py (webserver, daemon, 2 CPU workers, API) ...", flush=True)
+        started = time.monotonic()
+        stack = launch(config, state)
+        wait_ready(stack, timeout=300)
+        print(f"  /health 200 after {time.monotonic() - started:.1f} s", flush=True)
+        host, port = "127.0.0.1", int(stack.base.rsplit(":", 1)[1])
+        api = api_process(stack)
+        print(f"  API pid {api.pid if api else '?'}", flush=True)
+
+        print(f"POST /r2v x {args.requests} (sequential) ...", flush=True)
+        accept, versions = measure_accept(host, port, args.requests, api)
+        print(f"GET /version: {args.pollers} pollers for {args.seconds:g} s ...", flush=True)
+        version = measure_version(host, port, versions, args.pollers, args.seconds, api, stack)
+        health = stack.get("/health").json()
+        health["submitted"] = submitted_count(state)
+    except BaseException:
+        if stack is not None:
+            print(f"--- server.out ---\n{stack.log()}\n--- api.log ---\n{stack.log('api')}", file=sys.stderr)
+        raise
+    finally:
+        if stack is not None:
+            stopping = time.monotonic()
+            stop_api_stack(stack)
+            print(f"service stopped in {time.monotonic() - stopping:.1f} s (rc {stack.proc.returncode})")
+        if args.keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+    report(args, accept, version, health)
+
+
+def report(args: argparse.Namespace, accept: dict, version: dict, health: dict) -> None:
+    queue = health["queues"]["r2v"]
+    print()
+    print(f"{'measure':<24}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'req/s':>9}{'API CPU ms/req':>16}")
+    print(
+        f"{'POST /r2v (accept)':<24}{accept['p50_ms']:>9.1f}{accept['p99_ms']:>9.1f}{accept['max_ms']:>9.1f}"
+        f"{1000 / accept['mean_ms']:>9.1f}{accept['api_cpu_ms_per_req']:>16.2f}"
+    )
+    print(
+        f"{f'GET /version x{args.pollers}':<24}{version['p50_ms']:>9.1f}{version['p99_ms']:>9.1f}"
+        f"{version['max_ms']:>9.1f}{version['rps']:>9.1f}{version['api_cpu_ms_per_req']:>16.2f}"
+    )
+    print(
+        f"accept: first request {accept['first_ms']:.1f} ms, mean {accept['mean_ms']:.1f} ms, "
+        f"body {accept['body_kib']:.1f} KiB, last queue_position {accept['last_queue_position']}"
+    )
+    print(
+        f"version: {version['requests']} requests, p90 {version['p90_ms']:.1f} ms, errors {version['errors']}"
+        f" {version['first_errors'] or ''}, statuses seen {version['statuses']}"
+    )
+    print(
+        f"CPU while polling (cores): API process {version['api_cpu_util']:.2f}, whole service "
+        f"{version['service_cpu_util']:.2f}, bench client {version['client_cpu_util']:.2f}, "
+        f"host {version['host_cpu_util']:.2f} of {os.cpu_count()}"
+    )
+    print(f"r2v queue at the end (API's view): {queue}; submitted to Dagster: {health['submitted']}")
+    verdict = {
+        "accept_p50_ms": accept["p50_ms"] <= TARGETS["accept_p50_ms"],
+        "version_p99_ms": version["p99_ms"] <= TARGETS["version_p99_ms"],
+    }
+    for key, ok in verdict.items():
+        print(f"target {key} <= {TARGETS[key]:g}: {'met' if ok else 'MISSED'}")
+    print(result_line({
+        "accept_p50_ms": round(accept["p50_ms"], 1),
+        "accept_p99_ms": round(accept["p99_ms"], 1),
+        "version_p50_ms": round(version["p50_ms"], 1),
+        "version_p99_ms": round(version["p99_ms"], 1),
+        "version_rps": round(version["rps"], 1),
+        "pollers": args.pollers,
+        "n_accept": accept["n"],
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
