@@ -77,8 +77,8 @@ class Stack:
         self.commands["webserver"] = [
             py, "-m", "dagster_webserver", "-h", web.host, "-p", str(web.port), *workspace
         ]  # fmt: skip
-        if os.environ.get("SHOTLOOM_API_DEV"):  # TODO(api): unconditional once worker tests set a port
-            self.commands["api"] = [py, "-m", "api", "--config", str(self.config_path)]
+        # The HTTP API: one process (its follower threads own submission and callbacks).
+        self.commands["api"] = [py, "-m", "api", "--config", str(self.config_path)]
 
     def spawn(self, name: str) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)

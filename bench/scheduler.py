@@ -18,6 +18,9 @@ Figures (targets from the issue):
 * overhead_per_run_s: median over those runs of (submit -> run end) minus the same
   job in-process (<= 1.5 s); overhead_long_pct: the same for one ~``--long-seconds``
   job, in % of its in-process time (<= 10%).
+* foreign_cores: CPU that processes outside this bench used during each phase, in cores
+  (system-wide busy time minus this bench's process tree). The figures above compare
+  wall-clock times, so on a shared machine they are only meaningful when this is ~0.
 
     python bench/scheduler.py [--jobs 8] [--job-seconds 10] [--long-seconds 20] [--quick] [--keep]
 """
@@ -63,6 +66,46 @@ def job_request(name: str, size: list[int]) -> dict:
     }
 
 
+# -- other load on the machine ------------------------------------------------------
+def _busy_seconds() -> float:
+    import psutil
+
+    t = psutil.cpu_times()  # Linux: guest time is already inside user/nice; iowait is idle
+    not_busy = ("idle", "iowait", "guest", "guest_nice")
+    return sum(t) - sum(getattr(t, name, 0.0) for name in not_busy)
+
+
+def _own_seconds() -> dict[int, float]:
+    """CPU seconds of this process (with the children it waited for) and of every live descendant."""
+    import psutil
+
+    me = psutil.Process()
+    out = {}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system + (t.children_user + t.children_system if p is me else 0.0)
+        except psutil.Error:
+            pass
+    return out
+
+
+class ForeignLoad:
+    """Cores used by processes outside this bench between start() and stop() (a shared machine
+    skews every wall-clock figure; descendants that exit before stop() count as foreign)."""
+
+    def __init__(self) -> None:
+        self.start()
+
+    def start(self) -> None:
+        self.t0, self.busy0, self.own0 = time.monotonic(), _busy_seconds(), _own_seconds()
+
+    def stop(self) -> float:
+        own1, busy1 = _own_seconds(), _busy_seconds()
+        own = sum(v - self.own0.get(pid, 0.0) for pid, v in own1.items())
+        return max(0.0, busy1 - self.busy0 - own) / max(time.monotonic() - self.t0, 1e-9)
+
+
 # -- in-process baseline (a subprocess with one thread) ------------------------------
 def choose_size(c0: float, c1: float, target: float) -> list[int]:
     """The square size and 4k+1 frame count whose predicted time c0 + c1*w*h*n is closest to target."""
@@ -88,14 +131,19 @@ def child(spec_path: str) -> None:
     out = Path(spec["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
 
-    def timed(name: str, size: list[int]) -> float:
+    def timed(name: str, size: list[int], clock=time.perf_counter) -> float:
         req = runtime.resolve(**job_request(name, size))
-        start = time.perf_counter()
+        start = clock()
         runtime.generate(req, out / f"{name}.mp4")
-        return time.perf_counter() - start
+        return clock() - start
+
+    def sized(name: str, size: list[int]) -> float:
+        # Sizing by CPU time (one thread: the same as wall time on an idle machine), so other
+        # load while calibrating does not shrink the jobs; the baseline itself is wall time.
+        return timed(name, size, time.process_time)
 
     timed("warmup", [32, 32, 5])
-    (a, ta), (b, tb) = [(p, timed(f"probe-{i}", p)) for i, p in enumerate(spec["probes"])]
+    (a, ta), (b, tb) = [(p, sized(f"probe-{i}", p)) for i, p in enumerate(spec["probes"])]
     va, vb = a[0] * a[1] * a[2], b[0] * b[1] * b[2]
     c1 = max((tb - ta) / (vb - va), 1e-9)
     c0 = max(ta - c1 * va, 0.0)
@@ -103,7 +151,7 @@ def child(spec_path: str) -> None:
     for kind, target in spec["targets"].items():
         size = choose_size(c0, c1, target)
         for attempt in range(3):  # check the prediction; refit the slope on the measured point
-            seconds = timed(f"calib-{kind}-{attempt}", size)
+            seconds = sized(f"calib-{kind}-{attempt}", size)
             calib.append({"kind": kind, "size": size, "seconds": round(seconds, 2)})
             if abs(seconds - target) <= 0.15 * target:
                 break
@@ -381,13 +429,16 @@ def run(root: Path, args: argparse.Namespace) -> dict:
     print("calibrating and timing the in-process baseline (1 thread) ...", flush=True)
     jobs = [(n, "short") for n in seq_names] + [("long", "long")]
     inference = inference_yaml(root / "baseline" / "inference.yaml", root / "baseline" / "cache")
+    foreign, meter = {}, ForeignLoad()
     base = run_baseline(root, inference, args, jobs)
+    foreign["baseline"] = meter.stop()
     short, long = base["sizes"]["short"], base["sizes"]["long"]
     baseline = base["baseline"]
     short_s = statistics.mean(baseline[n] for n in seq_names)
     print(f"  calibration: {base['calibration']}")
     print(f"  short job {'x'.join(map(str, short))}: {short_s:.2f} s in-process (mean of {len(seq_names)})")
     print(f"  long job  {'x'.join(map(str, long))}: {baseline['long']:.2f} s in-process", flush=True)
+    print(f"  other processes used {foreign['baseline']:.2f} cores meanwhile", flush=True)
 
     tp, stacks, seq, long_sample = {}, {}, [], None
     for workers in (1, 2):
@@ -396,13 +447,22 @@ def run(root: Path, args: argparse.Namespace) -> dict:
         try:
             stack.start()
             print(f"  ready in {stack.startup_s:.1f} s; submitting {len(tp_names)} jobs at once", flush=True)
+            meter.start()
             tp[workers] = measure_throughput(stack, tp_names, short, short_s)
+            foreign[f"{workers}w"] = meter.stop()
             r = tp[workers]
-            print(f"  makespan {r['makespan_s']:.1f} s, runs per worker {r['per_worker']}", flush=True)
+            print(
+                f"  makespan {r['makespan_s']:.1f} s, runs per worker {r['per_worker']}; "
+                f"other processes used {foreign[f'{workers}w']:.2f} cores meanwhile",
+                flush=True,
+            )
             if workers == 2:  # the shipped configuration: latency and overhead, one run at a time
                 print(f"  {len(seq_names)} runs one at a time, then the long job", flush=True)
+                meter.start()
                 seq = measure_sequential(stack, seq_names, short, 120 + 4 * short_s)
                 (long_sample,) = measure_sequential(stack, ["long"], long, 120 + 4 * baseline["long"])
+                foreign["sequential"] = meter.stop()
+                print(f"  other processes used {foreign['sequential']:.2f} cores meanwhile", flush=True)
         finally:
             stack.stop()
             stacks[workers] = stack
@@ -439,6 +499,11 @@ def run(root: Path, args: argparse.Namespace) -> dict:
     print(f"submit->first op p50 {p50:.2f} s, max {max(first_ops):.2f} s (target <= 1.5)")
     print(f"overhead per run (median) {overhead:.2f} s (target <= 1.5); long job {long_pct:.1f}% (<= 10%)")
     print("(overhead = submit->run end minus the same job in-process; 'in run' = run start->end minus it)")
+    print(
+        "cores used by other processes: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in foreign.items())
+        + " (figures are wall-clock: anything well above 0 inflates them)"
+    )
     return {
         "jobs": args.jobs,
         "job_s": round(short_s, 2),
@@ -450,6 +515,7 @@ def run(root: Path, args: argparse.Namespace) -> dict:
         "overhead_per_run_s": round(overhead, 2),
         "overhead_long_pct": round(long_pct, 1),
         "startup_2w_s": round(stacks[2].startup_s, 1),
+        "foreign_cores_max": round(max(foreign.values()), 2),
     }
 
 

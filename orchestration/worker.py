@@ -25,6 +25,7 @@ fails with the figures. The server YAML's ``runtime`` section sets the DiT resid
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -41,6 +42,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+ORPHAN_SCAN_S = 5.0  # how often an idle worker looks for runs bound to it that nobody will start
+HANDOVER_GRACE_S = 15.0  # a run bound to this boot but not handed over after this is orphaned
 log = logging.getLogger("shotloom.worker")
 
 
@@ -79,6 +82,16 @@ def resource_snapshot() -> dict[str, Any]:
     return snap
 
 
+_CAPABILITIES: dict[tuple, dict[str, Any]] = {}  # per runtime, kept when idle eviction releases it
+
+
+def _capabilities(key: tuple, rt) -> dict[str, Any] | None:
+    """What the model can do (the API refuses what it cannot before queueing); read once loaded."""
+    if key not in _CAPABILITIES and rt.loaded:
+        _CAPABILITIES[key] = dataclasses.asdict(rt.adapter.capabilities)
+    return _CAPABILITIES.get(key)
+
+
 def runtimes_snapshot() -> list[dict[str, Any]]:
     rt_module = sys.modules.get("shotloom.runtime")
     if rt_module is None:
@@ -92,6 +105,7 @@ def runtimes_snapshot() -> list[dict[str, Any]]:
             "loads": rt.loads,
             "generator_loads": rt.generator_loads,
             "location": rt.weight_location(),
+            "capabilities": _capabilities(key, rt),
         }
         for key, rt in list(rt_module.RUNTIMES.items())
     ]
@@ -145,6 +159,7 @@ class Worker:
             "weights": runtimes,
             "weights_loaded": any(r["loaded"] for r in runtimes),
             "weight_location": next((r["location"] for r in runtimes), "released"),
+            "capabilities": next((r["capabilities"] for r in runtimes if r["capabilities"]), None),
             "loads": sum(r["loads"] for r in runtimes),
             "resources": resource_snapshot(),
         }
@@ -229,6 +244,51 @@ class Worker:
                 return False  # leave it STARTING: run monitoring hands it to the next worker
             time.sleep(self.runtime_cfg.admission_poll_seconds)
 
+    def _recover_orphans(self) -> None:
+        """Take back runs bound to this worker that nobody will start: run monitoring only times
+        STARTING runs out (after start_timeout_seconds), so the worker does it, oldest launch first,
+        with stage ``recovered``. Two ways a run ends up so: this worker's earlier boot died between
+        claiming and starting it, or the daemon died between binding it (tags first) and handing it
+        over (then the boot id is this one, and the run is older than the hand-over grace).
+        A STARTED run is left to run monitoring, which resumes it (the boot id changed).
+        """
+        from dagster import DagsterRunStatus, RunsFilter
+
+        from orchestration.launcher import BOOT_TAG, LAUNCHED_AT_TAG, PID_TAG, WORKER_TAG
+        from shotloom import stages
+
+        runs = self.instance.get_runs(
+            RunsFilter(statuses=[DagsterRunStatus.STARTING], tags={WORKER_TAG: self.name})
+        )
+        now = time.time()
+
+        def orphaned(run) -> bool:
+            if run.tags.get(BOOT_TAG) != self.boot_id:
+                return True
+            launched = float(run.tags.get(LAUNCHED_AT_TAG, now))
+            return run.run_id not in self.finished and now - launched > HANDOVER_GRACE_S
+
+        for run in sorted(filter(orphaned, runs), key=lambda r: float(r.tags.get(LAUNCHED_AT_TAG, 0))):
+            with self.lock:
+                if self.stopping or self.state not in ("idle", "warming"):
+                    return
+                self.state = "busy"  # the launcher now gets 409 and binds its run elsewhere
+            log.info("%s: recovering run %s that was never started", self.name, run.run_id)
+            self.instance.add_run_tags(
+                run.run_id,
+                {BOOT_TAG: self.boot_id, PID_TAG: str(os.getpid()), **stages.stage_tags(stages.RECOVERED)},
+            )
+            self._execute(run.run_id, resume=False)
+            with self.lock:
+                if not self.stopping:
+                    self.state = "idle"
+
+    def _scan_for_orphans(self) -> None:
+        try:
+            self._recover_orphans()
+        except Exception:  # storage busy, a run deleted meanwhile...: the next scan tries again
+            log.exception("%s: scanning for orphaned runs failed", self.name)
+
     def _evict_if_idle(self) -> None:
         idle = self.runtime_cfg.idle_seconds
         if idle <= 0:
@@ -274,12 +334,22 @@ class Worker:
                         pass
                 except (KeyboardInterrupt, DagsterExecutionInterruptedError):
                     log.info("%s: run %s interrupted", self.name, run_id)
-        except Exception:
-            # core_execute_run has already reported the failure to the instance.
+        except Exception as exc:
+            # core_execute_run reports its own failures; what raised before it (admission, recon)
+            # must not leave the run STARTING forever (the health check would call it finished).
             log.exception("%s: run %s raised", self.name, run_id)
+            self._fail_unfinished(run_id, f"Device worker {self.name} could not run it: {exc!r}")
         finally:
             self._after_run(run_id)
             log.info("%s: run %s done in %.2fs", self.name, run_id, time.perf_counter() - started)
+
+    def _fail_unfinished(self, run_id: str, message: str) -> None:
+        try:
+            run = self.instance.get_run_by_id(run_id)
+            if run is not None and not run.is_finished:
+                self.instance.report_run_failed(run, message)
+        except Exception:
+            log.exception("%s: could not report %s as failed", self.name, run_id)
 
     def _after_run(self, run_id: str) -> None:
         from dagster import DagsterRunStatus
@@ -358,6 +428,8 @@ class Worker:
                     self._warm()
                 except Exception:
                     log.exception("%s: warm-up failed; runs will load the model themselves", self.name)
+            self._scan_for_orphans()
+            last_scan = time.monotonic()
             with self.lock:
                 if not self.stopping:
                     self.state = "idle"
@@ -369,6 +441,9 @@ class Worker:
                     run_id, resume = self.inbox.get(timeout=0.5)
                 except queue.Empty:
                     self._evict_if_idle()
+                    if time.monotonic() - last_scan > ORPHAN_SCAN_S:
+                        last_scan = time.monotonic()
+                        self._scan_for_orphans()
                     continue
                 self._execute(run_id, resume)
         finally:

@@ -772,6 +772,11 @@ class AdmissionPlan:
     def verdict(self) -> Verdict:
         return self.decision.verdict
 
+    @property
+    def message(self) -> str:
+        """Needed vs available (or capacity) GiB per side, and the outcome."""
+        return self.decision.message
+
     def to_json(self) -> dict[str, Any]:
         """Stable keys: verdict, message, gpu, ram, dit_residency, weights (+ requirement)."""
         decision = self.decision.to_json()

@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import conftest
 import httpx
 import psutil
 import yaml
+from conftest import free_port, spawn_server, stop_server, write_inference_yaml
 
-REPO = Path(__file__).resolve().parent.parent
 FINISHED = ("succeeded", "failed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.3) -> Any:
@@ -77,38 +68,19 @@ class ApiStack:
 
 
 def write_server_yaml(root: Path, checkpoint: Path, api: dict | None = None, **extra) -> tuple[Path, Path]:
-    from conftest import write_inference_yaml
-
+    """Server YAML for the tiny Wan checkpoint, 2 CPU workers, the API on a free port."""
     inference = write_inference_yaml(root / "inference.yaml", "wan", checkpoint, root / "cache")
     state = root / "state"
     state.mkdir(exist_ok=True)
-    data = {
-        "state_dir": str(state),
-        "webserver": {"host": "127.0.0.1", "port": free_port()},
-        "inference": {"config": str(inference)},
-        "workers": {"warm": True, "devices": [{"device": "cpu", "threads": 1}] * 2},
-        "monitoring": {"poll_interval_seconds": 2},
-        "api": {"host": "127.0.0.1", "port": free_port(), **(api or {})},
-        **extra,
-    }
-    config = root / "server.yaml"
-    config.write_text(yaml.safe_dump(data))
+    api = {"host": "127.0.0.1", "port": free_port(), **(api or {})}
+    config = conftest.write_server_yaml(root / "server.yaml", state, free_port(), inference, api=api, **extra)
     return config, state
 
 
 def launch(config: Path, state: Path) -> ApiStack:
     data = yaml.safe_load(config.read_text())
-    out = open(state / "server.out", "ab")  # noqa: SIM115 - lives as long as the process
-    proc = subprocess.Popen(
-        [sys.executable, "server.py", "--config", str(config)],
-        cwd=REPO,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, "SHOTLOOM_API_DEV": "1"},
-    )
     base = f"http://127.0.0.1:{data['api']['port']}"
-    return ApiStack(proc, config, state, base, httpx.Client(timeout=30))
+    return ApiStack(spawn_server(config, state), config, state, base, httpx.Client(timeout=30))
 
 
 def wait_ready(stack: ApiStack, timeout: float = 150) -> ApiStack:
@@ -133,12 +105,7 @@ def start_api_stack(root: Path, checkpoint: Path, api: dict | None = None, **ext
 
 def stop_api_stack(stack: ApiStack) -> None:
     stack.client.close()
-    if stack.proc.poll() is None:
-        os.killpg(stack.proc.pid, signal.SIGTERM)
-        try:
-            stack.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(stack.proc.pid, signal.SIGKILL)
+    stop_server(stack.proc)
 
 
 def kill_everything(stack: ApiStack) -> None:

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # Tiny models are many small kernels: one thread each is much faster than two fighting
 # over 2 cores (also inherited by the subprocesses tests start).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import httpx
 import numpy as np
 import pytest
 import yaml
@@ -51,3 +60,175 @@ def image_file(tmp_path) -> Path:
     path = tmp_path / "frame.png"
     Image.fromarray(pixels).save(path)
     return path
+
+
+# -- the whole service (server.py) for slow tests: temp state, free ports --------------------------
+# Shared by test_workers.py and test_recovery.py. Dagster is imported lazily (not every test needs it).
+REPO = Path(__file__).resolve().parent.parent
+LOCATION = {"repository_location_name": "orchestration.definitions", "repository_name": "__repository__"}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_server_yaml(path: Path, state: Path, port: int, inference: Path, workers: int = 2, **extra) -> Path:
+    """A server YAML with ``workers`` one-thread CPU workers (warm) on a temp state dir and free ports."""
+    from orchestration.server_config import ServerConfig
+
+    data = {
+        "state_dir": str(state),
+        "webserver": {"host": "127.0.0.1", "port": port},
+        "inference": {"config": str(inference)},
+        "workers": {"warm": True, "devices": [{"device": "cpu", "threads": 1}] * workers},
+        "monitoring": {"poll_interval_seconds": 2},
+        **extra,
+    }
+    if "api" in ServerConfig.model_fields and "api" not in data:
+        data["api"] = {"port": free_port()}  # when server.py also starts the HTTP API: never a fixed port
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@dataclass
+class Stack:
+    """``server.py`` started by a test, with what the tests ask of it."""
+
+    proc: subprocess.Popen
+    config: Path
+    state: Path
+    port: int
+    client: Any  # DagsterGraphQLClient
+    n_workers: int = 2
+
+    def log(self, name: str = "server") -> str:
+        path = self.state / "logs" / f"{name}.log" if name != "server" else self.state / "server.out"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def workers(self) -> dict[str, dict]:
+        from orchestration.launcher import read_workers
+
+        out = {}
+        for record in read_workers(self.state):
+            try:
+                with urllib.request.urlopen(record.url + "/status", timeout=2) as resp:
+                    out[record.name] = json.loads(resp.read())
+            except OSError:
+                pass
+        return out
+
+    def instance(self):
+        from dagster import DagsterInstance
+
+        return DagsterInstance.from_config(str(self.state / "dagster_home"))
+
+    def submit(self, shot_id: str, **shot) -> str:
+        config = {"work_id": "w", "shot_id": shot_id, "prompt": f"shot {shot_id}", "seed": 1, **shot}
+        return self.client.submit_job_execution(
+            "r2v", run_config={"ops": {"condition_op": {"config": config}}}, **LOCATION
+        )
+
+    def wait(self, run_ids: list[str], timeout: float = 90) -> list:
+        """Final statuses as a GraphQL client sees them (or the last seen ones at the timeout)."""
+        from dagster import DagsterRunStatus
+
+        done = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+        deadline = time.monotonic() + timeout
+        while True:
+            statuses = [self.client.get_run_status(r) for r in run_ids]
+            if all(s in done for s in statuses) or time.monotonic() > deadline:
+                return statuses
+            time.sleep(0.5)
+
+    def wait_stored(self, run_ids: list[str], timeout: float = 90) -> list:
+        """Final statuses read from run storage: works while the webserver is down."""
+        deadline = time.monotonic() + timeout
+        with self.instance() as instance:
+            while True:
+                runs = [instance.get_run_by_id(r) for r in run_ids]
+                if all(r is not None and r.is_finished for r in runs) or time.monotonic() > deadline:
+                    return [r.status if r is not None else None for r in runs]
+                time.sleep(0.5)
+
+    def children(self) -> dict[str, Any]:
+        """server.py's direct children by role: 'daemon', 'webserver', 'worker-<name>' -> psutil.Process."""
+        import psutil
+
+        out = {}
+        for child in psutil.Process(self.proc.pid).children():
+            try:
+                cmd = child.cmdline()
+            except psutil.NoSuchProcess:
+                continue
+            if "dagster._daemon" in cmd:
+                out["daemon"] = child
+            elif "dagster_webserver" in cmd:
+                out["webserver"] = child
+            elif "orchestration.worker" in cmd:
+                out[f"worker-{cmd[cmd.index('--name') + 1]}"] = child
+        return out
+
+    def webserver_up(self) -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.port}/server_info", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+def spawn_server(config: Path, state: Path) -> subprocess.Popen:
+    """``server.py --config`` in its own process group, its output in ``<state>/server.out``."""
+    out = open(state / "server.out", "ab")  # noqa: SIM115 - lives as long as the process
+    return subprocess.Popen(
+        [sys.executable, "server.py", "--config", str(config)],
+        cwd=REPO,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def start_stack(config: Path, state: Path, port: int, workers: int = 2) -> Stack:
+    """server.py on ``config``; returns once the webserver answers and every worker is idle."""
+    from dagster_graphql import DagsterGraphQLClient
+
+    proc = spawn_server(config, state)
+    stack = Stack(proc, config, state, port, DagsterGraphQLClient("127.0.0.1", port_number=port), workers)
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, stack.log()
+        up = stack.webserver_up()
+        states = stack.workers()
+        if up and len(states) == workers and all(w["state"] == "idle" for w in states.values()):
+            return stack
+        time.sleep(1)
+    raise AssertionError("stack did not come up\n" + stack.log() + stack.log("webserver"))
+
+
+def stop_server(proc: subprocess.Popen, grace: float = 60) -> None:
+    """SIGTERM to server.py's process group (it stops its children), SIGKILL after ``grace``."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def stop_stack(stack: Stack) -> None:
+    stop_server(stack.proc)
+
+
+def first_submit(stack: Stack, shot_id: str, **shot) -> str:
+    deadline = time.monotonic() + 90
+    while True:  # the code location may still be loading
+        try:
+            return stack.submit(shot_id, **shot)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)

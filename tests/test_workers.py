@@ -2,31 +2,38 @@
 
 Fast tests pin the private Dagster APIs the worker relies on, the generated
 dagster.yaml and the launcher's health answers. The slow ones run the whole stack
-from server.py (2 CPU workers, 1 thread each) in file order; the last one stops it
-with SIGTERM and starts it again on the same state dir.
+from server.py (2 CPU workers, 1 thread each) in file order; the last of those stops
+it with SIGTERM and starts it again on the same state dir. The final test binds a job
+that can never fit to one bare worker process (admission on live RAM).
+Crash recovery (kill -9) is in test_recovery.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
-import yaml
-from conftest import write_inference_yaml
+from conftest import (
+    LOCATION,
+    Stack,
+    first_submit,
+    free_port,
+    start_stack,
+    stop_stack,
+    write_inference_yaml,
+    write_server_yaml,
+)
 from dagster import DagsterInstance, DagsterRunStatus
-from dagster_graphql import DagsterGraphQLClient
+from dagster._core.launcher import LaunchRunContext
 
 from orchestration.launcher import (
     BOOT_TAG,
@@ -37,14 +44,12 @@ from orchestration.launcher import (
     WORKER_TAG,
     DeviceRunLauncher,
     WorkerRecord,
-    read_workers,
     workers_dir,
 )
 from orchestration.server_config import ServerConfig
+from shotloom import stages
 
 REPO = Path(__file__).resolve().parent.parent
-LOCATION = {"repository_location_name": "orchestration.definitions", "repository_name": "__repository__"}
-DONE = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
 
 
 # -- fast ----------------------------------------------------------------------
@@ -120,96 +125,6 @@ def test_health_check_answers_from_the_worker_registry(tmp_path):
 
 
 # -- slow: the whole stack -----------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Stack:
-    proc: subprocess.Popen
-    config: Path
-    state: Path
-    port: int
-    client: DagsterGraphQLClient
-
-    def log(self, name: str = "server") -> str:
-        path = self.state / "logs" / f"{name}.log" if name != "server" else self.state / "server.out"
-        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
-
-    def workers(self) -> dict[str, dict]:
-        out = {}
-        for record in read_workers(self.state):
-            try:
-                with urllib.request.urlopen(record.url + "/status", timeout=2) as resp:
-                    out[record.name] = json.loads(resp.read())
-            except OSError:
-                pass
-        return out
-
-    def instance(self) -> DagsterInstance:
-        return DagsterInstance.from_config(str(self.state / "dagster_home"))
-
-    def submit(self, shot_id: str, **shot) -> str:
-        config = {"work_id": "w", "shot_id": shot_id, "prompt": f"shot {shot_id}", "seed": 1, **shot}
-        return self.client.submit_job_execution(
-            "r2v", run_config={"ops": {"condition_op": {"config": config}}}, **LOCATION
-        )
-
-    def wait(self, run_ids: list[str], timeout: float = 90) -> list[DagsterRunStatus]:
-        deadline = time.monotonic() + timeout
-        while True:
-            statuses = [self.client.get_run_status(r) for r in run_ids]
-            if all(s in DONE for s in statuses) or time.monotonic() > deadline:
-                return statuses
-            time.sleep(0.5)
-
-
-def start_stack(config: Path, state: Path, port: int) -> Stack:
-    out = open(state / "server.out", "ab")  # noqa: SIM115 - lives as long as the process
-    proc = subprocess.Popen(
-        [sys.executable, "server.py", "--config", str(config)],
-        cwd=REPO,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    stack = Stack(proc, config, state, port, DagsterGraphQLClient("127.0.0.1", port_number=port))
-    deadline = time.monotonic() + 150
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, stack.log()
-        try:
-            up = httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            up = False
-        workers = stack.workers()
-        if up and len(workers) == 2 and all(w["state"] == "idle" for w in workers.values()):
-            return stack
-        time.sleep(1)
-    raise AssertionError("stack did not come up\n" + stack.log() + stack.log("webserver"))
-
-
-def stop_stack(stack: Stack) -> None:
-    if stack.proc.poll() is None:
-        os.killpg(stack.proc.pid, signal.SIGTERM)
-        try:
-            stack.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(stack.proc.pid, signal.SIGKILL)
-
-
-def first_submit(stack: Stack, shot_id: str, **shot) -> str:
-    deadline = time.monotonic() + 90
-    while True:  # the code location may still be loading
-        try:
-            return stack.submit(shot_id, **shot)
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, wan_checkpoint) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("server")
@@ -217,18 +132,7 @@ def stack(tmp_path_factory, wan_checkpoint) -> Iterator[Stack]:
     port = free_port()
     state = root / "state"
     state.mkdir()
-    config = root / "server.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "state_dir": str(state),
-                "webserver": {"host": "127.0.0.1", "port": port},
-                "inference": {"config": str(inference)},
-                "workers": {"warm": True, "devices": [{"device": "cpu", "threads": 1}] * 2},
-                "monitoring": {"poll_interval_seconds": 2},
-            }
-        )
-    )
+    config = write_server_yaml(root / "server.yaml", state, port, inference)
     stack = start_stack(config, state, port)
     try:
         yield stack
@@ -303,6 +207,66 @@ def test_cancel_running_run_keeps_worker_and_model(stack):
     assert all(w["loads"] == 1 for w in stack.workers().values())  # no reload after the cancel
 
 
+def _succeeded_worker_runs(stack: Stack, at_least: int = 1) -> list:
+    """Finished r2v runs that went through a device worker (submits one if the file ran partially)."""
+    with stack.instance() as instance:
+        runs = [
+            r.dagster_run
+            for r in instance.get_run_records()
+            if WORKER_TAG in r.dagster_run.tags and r.dagster_run.status == DagsterRunStatus.SUCCESS
+        ]
+    if len(runs) < at_least:
+        run_ids = [first_submit(stack, f"extra-{i}") for i in range(at_least - len(runs))]
+        assert stack.wait(run_ids) == [DagsterRunStatus.SUCCESS] * len(run_ids), stack.log("daemon")
+        return _succeeded_worker_runs(stack, at_least)
+    return runs
+
+
+@pytest.mark.slow
+def test_stage_tags_record_the_sequence_with_times_and_progress(stack):
+    runs = _succeeded_worker_runs(stack)
+    tiers = (stages.KEEPING_ON_GPU, stages.STAGING_ON_CPU, stages.UNLOADING)
+    for run in runs:
+        times = stages.stage_times(run.tags)  # in the spec's order
+        seen = list(times)
+        miss = stages.CONDITIONING in times  # a conditioning-cache miss also places the generator
+        tier = [s for s in seen if s in tiers]
+        expected = [stages.CLAIMED, stages.VALIDATING, stages.CACHE_LOOKUP]
+        expected += [*tier, stages.CONDITIONING] if miss else []
+        expected += [stages.INFERRING, stages.DECODING, stages.WRITING, stages.SUCCEEDED]
+        assert seen == expected, (run.run_id, times)
+        assert len(tier) == (1 if miss else 0)
+        stamps = list(times.values())
+        assert stamps == sorted(stamps), times  # the spec's order is the order they happened in
+        assert run.tags[stages.STAGE_TAG] == stages.SUCCEEDED
+        assert float(run.tags[LAUNCHED_AT_TAG]) <= times[stages.VALIDATING]
+        progress = stages.progress(run.tags)  # the last one written: decoded pieces
+        assert progress is not None and progress["stage"] == stages.DECODING, run.tags
+        assert progress["total"] > 0 and progress["done"] == progress["total"]
+    assert any(stages.CONDITIONING in stages.stage_times(r.tags) for r in runs)
+
+
+@pytest.mark.slow
+def test_worker_status_reports_admission_plan_device_and_weights(stack):
+    runs = _succeeded_worker_runs(stack)
+    statuses = stack.workers()
+    assert set(statuses) == {"cpu-0", "cpu-1"}
+    for name, status in statuses.items():
+        assert status["device"] == name.replace("-", ":")
+        assert status["weight_location"] == "cpu" and status["weights_loaded"]
+        plan = status["admission_plan"]
+        assert plan["verdict"] == "admit", plan
+        assert plan["dit_residency"]["mode"] == "cpu"  # a CPU device: the DiT stays in host RAM
+        assert plan["gpu"] is None and plan["ram"]["needed_gib"] <= plan["ram"]["available_gib"]
+        assert plan["weights"]["source"] == "measured"  # warm: the loaded tensors were counted
+        # The server YAML's policy, and what it chose when the worker placed the weights.
+        assert status["residency_policy"] == "auto"
+        assert status["dit_residency"]["policy"] == "auto" and status["dit_residency"]["mode"] == "cpu"
+    # Each run carries the plan its worker admitted it with.
+    tagged = json.loads(runs[0].tags[stages.ADMISSION_TAG])
+    assert tagged["verdict"] == "admit" and "dit_residency" in tagged
+
+
 def _tree(pid: int) -> list[psutil.Process]:
     root = psutil.Process(pid)
     return [root, *root.children(recursive=True)]
@@ -336,3 +300,85 @@ def test_sigterm_leaves_no_orphans_and_restart_works(stack):
     finally:
         stop_stack(again)
         assert again.proc.returncode == 0
+
+
+# -- slow: one bare worker, bound by the launcher (no webserver, no daemon) ----------------------
+@pytest.mark.slow
+def test_job_that_can_never_fit_fails_with_needed_and_available_figures(tmp_path, wan_checkpoint):
+    """Admission on the real worker path: live RAM, a job whose activations exceed the machine."""
+    from dagster import DagsterEventType, reconstructable
+
+    from orchestration.jobs import r2v
+
+    inference = write_inference_yaml(
+        tmp_path / "inference.yaml", "wan", wan_checkpoint, tmp_path / "cache", memory={"denoise_gib": 100000}
+    )
+    state = tmp_path / "state"
+    cfg = ServerConfig.model_validate(
+        {
+            "state_dir": str(state),
+            "inference": {"config": str(inference)},
+            "workers": {"warm": False, "devices": [{"device": "cpu", "threads": 1}]},
+        }
+    ).resolved()
+    cfg.write_dagster_yaml()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "DAGSTER_HOME": str(cfg.dagster_home),
+        "SHOTLOOM_INFERENCE_CONFIG": str(inference),
+        "SHOTLOOM_MEDIA_ROOT": str(cfg.media_root),
+        "SHOTLOOM_STEP_STORAGE": str(cfg.step_storage),
+    }
+    with DagsterInstance.from_config(str(cfg.dagster_home)) as instance:
+        instance.get_runs(limit=1)  # create the schema before the worker opens it
+        log = open(tmp_path / "worker.log", "ab")  # noqa: SIM115 - closed below
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "orchestration.worker", "--device", "cpu", "--name", "cpu-0"]
+            + ["--threads", "1", "--state-dir", str(state), "--no-warm"],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            config = {"work_id": "w", "shot_id": "huge", "prompt": "too big", "seed": 1}
+            run = instance.create_run_for_job(
+                r2v,
+                run_config={"ops": {"condition_op": {"config": config}}},
+                tags=r2v.tags,
+                job_code_origin=reconstructable(r2v).get_python_origin(),
+            )
+            instance.run_launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
+            deadline = time.monotonic() + 60
+            while not instance.get_run_by_id(run.run_id).is_finished:
+                alive = worker.poll() is None
+                assert time.monotonic() < deadline and alive, (tmp_path / "worker.log").read_text()
+                time.sleep(0.2)
+            run = instance.get_run_by_id(run.run_id)
+            assert run.status == DagsterRunStatus.FAILURE
+            (failure,) = instance.all_logs(run.run_id, of_type=DagsterEventType.RUN_FAILURE)
+            message = failure.dagster_event.message or failure.message
+            plan = json.loads(run.tags[stages.ADMISSION_TAG])
+            assert plan["verdict"] == "never"
+            ram = plan["ram"]
+            assert ram["needed_gib"] >= 100000 > ram["capacity_gib"] > 0
+            # The message names the device and gives both figures, in GiB, as the plan has them.
+            figures = re.search(r"needs ([0-9.]+) GiB RAM, ([0-9.]+) GiB capacity", message)
+            assert message.startswith("Can never fit on cpu:0") and figures, message
+            assert float(figures[1]) == pytest.approx(ram["needed_gib"], abs=0.06)
+            assert float(figures[2]) == pytest.approx(ram["capacity_gib"], abs=0.06)
+            deadline = time.monotonic() + 10  # the worker tags the stage just after the failure
+            while instance.get_run_by_id(run.run_id).tags[stages.STAGE_TAG] != stages.FAILED:
+                assert time.monotonic() < deadline, instance.get_run_by_id(run.run_id).tags
+                time.sleep(0.1)
+            assert worker.poll() is None  # the worker survives a refused job
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(30)
+            finally:
+                log.close()
+                if worker.poll() is None:
+                    worker.kill()
+        assert worker.returncode == 0
