@@ -384,6 +384,9 @@ class Store:
 
     def __init__(self, url: str, *, busy_timeout_s: float = 30.0, create: bool = True):
         self.url = url
+        # Bumped by every write through this object: the API process is the store's only writer,
+        # so a view cached at generation g is current while the generation is still g.
+        self.generation = 0
         if make_url(url).get_backend_name() == "sqlite":
             self.engine = _sqlite_engine(url, busy_timeout_s)
         else:
@@ -407,8 +410,11 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[Session]:
-        with Session(self.engine, expire_on_commit=False) as session, session.begin():
-            yield session
+        try:
+            with Session(self.engine, expire_on_commit=False) as session, session.begin():
+                yield session
+        finally:
+            self.generation += 1  # after the commit (or rollback): readers' caches are stale now
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
