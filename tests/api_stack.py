@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import conftest
 import httpx
 import psutil
 import yaml
+
+import conftest
 from conftest import free_port, spawn_server, stop_server, write_inference_yaml
 
 FINISHED = ("succeeded", "failed")

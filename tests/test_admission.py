@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import write_inference_yaml
 
 from shotloom.admission import (
     GIB,
@@ -28,6 +27,8 @@ from shotloom.admission import (
     resolve_peak_bytes,
     save_measured_peak,
 )
+
+from conftest import write_inference_yaml
 
 H100 = 80.0  # GiB
 

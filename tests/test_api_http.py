@@ -17,8 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import numpy as np
 import pytest
-from api_stack import ApiStack, free_port, start_api_stack, stop_api_stack, wait_for
 from PIL import Image
+
+from api_stack import ApiStack, free_port, start_api_stack, stop_api_stack, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from api.dagster_client import DagsterGateway
-from api_stack import kill_everything, launch, wait_for, wait_ready, write_server_yaml
-from test_api_http import Receiver, shot
 
+from api.dagster_client import DagsterGateway
 from api.schemas import R2VRequest
 from api.service import VERSION_TAG, Intake
 from api.settings import ApiConfig
 from api.store import Store
+
+from api_stack import kill_everything, launch, wait_for, wait_ready, write_server_yaml
+from test_api_http import Receiver, shot
 
 pytestmark = pytest.mark.slow
 

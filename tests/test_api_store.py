@@ -10,12 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
-import pg
 import pytest
 
 from api import store as store_module
 from api.settings import ApiConfig
 from api.store import IdempotencyConflict, NewJob, Store, UnknownVersion, backoff_delay, payload_hash
+
+import pg
 
 
 @pytest.fixture(scope="module")

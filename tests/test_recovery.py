@@ -19,6 +19,12 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
+from dagster._daemon.monitoring.run_monitoring import RESUME_RUN_LOG_MESSAGE
+
+from orchestration.launcher import BOOT_TAG, LAUNCHED_AT_TAG, PID_TAG, WORKER_TAG
+from shotloom import stages
+
 from conftest import (
     Stack,
     first_submit,
@@ -28,11 +34,6 @@ from conftest import (
     write_inference_yaml,
     write_server_yaml,
 )
-from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
-from dagster._daemon.monitoring.run_monitoring import RESUME_RUN_LOG_MESSAGE
-
-from orchestration.launcher import BOOT_TAG, LAUNCHED_AT_TAG, PID_TAG, WORKER_TAG
-from shotloom import stages
 
 pytestmark = pytest.mark.slow
 

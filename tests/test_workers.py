@@ -22,16 +22,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import (
-    LOCATION,
-    Stack,
-    first_submit,
-    free_port,
-    start_stack,
-    stop_stack,
-    write_inference_yaml,
-    write_server_yaml,
-)
 from dagster import DagsterInstance, DagsterRunStatus
 from dagster._core.launcher import LaunchRunContext
 
@@ -48,6 +38,17 @@ from orchestration.launcher import (
 )
 from orchestration.server_config import ServerConfig
 from shotloom import stages
+
+from conftest import (
+    LOCATION,
+    Stack,
+    first_submit,
+    free_port,
+    start_stack,
+    stop_stack,
+    write_inference_yaml,
+    write_server_yaml,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
