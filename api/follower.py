@@ -107,7 +107,7 @@ class Follower:
                 except Exception as exc:  # a locked DB, a bad answer...: next tick
                     log.warning("%s: %s", duty.__name__, exc)
                 else:
-                    if down_since is not None:
+                    if down_since is not None and duty is not self.refresh_workers:
                         log.info("Dagster reachable again after %.1fs", time.monotonic() - down_since)
                         down_since = None
             pause.wait(self.poll_seconds)

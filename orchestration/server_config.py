@@ -68,6 +68,14 @@ class RuntimeConfig(_Strict):
     admission_poll_seconds: float = Field(
         default=1.0, gt=0, description="Re-check of a waiting job's memory."
     )
+    orphan_scan_seconds: float = Field(
+        default=5.0, gt=0, description="How often an idle worker looks for runs nobody will start."
+    )
+    handover_grace_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        description="A STARTING run not handed to a worker after this is taken by an idle worker.",
+    )
 
 
 class RetriesConfig(_Strict):

@@ -42,8 +42,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-ORPHAN_SCAN_S = 5.0  # how often an idle worker looks for runs bound to it that nobody will start
-HANDOVER_GRACE_S = 15.0  # a run bound to this boot but not handed over after this is orphaned
 log = logging.getLogger("shotloom.worker")
 
 
@@ -245,43 +243,70 @@ class Worker:
             time.sleep(self.runtime_cfg.admission_poll_seconds)
 
     def _recover_orphans(self) -> None:
-        """Take back runs bound to this worker that nobody will start: run monitoring only times
-        STARTING runs out (after start_timeout_seconds), so the worker does it, oldest launch first,
-        with stage ``recovered``. Two ways a run ends up so: this worker's earlier boot died between
-        claiming and starting it, or the daemon died between binding it (tags first) and handing it
-        over (then the boot id is this one, and the run is older than the hand-over grace).
+        """Take back runs that nobody will start: run monitoring only times STARTING runs out
+        (after start_timeout_seconds), so an idle worker does it, oldest first, with stage
+        ``recovered``. Three ways a run ends up so: this worker's earlier boot died between
+        claiming and starting it; the daemon died between binding it to this worker (tags first)
+        and handing it over; or the daemon died after marking it STARTING but before binding it
+        to any worker (any idle worker may take that one: an exclusive claim file decides).
         A STARTED run is left to run monitoring, which resumes it (the boot id changed).
         """
         from dagster import DagsterRunStatus, RunsFilter
 
-        from orchestration.launcher import BOOT_TAG, LAUNCHED_AT_TAG, PID_TAG, WORKER_TAG
+        from orchestration.launcher import BOOT_TAG, GPU_TAG, PID_TAG, WORKER_TAG
         from shotloom import stages
 
-        runs = self.instance.get_runs(
-            RunsFilter(statuses=[DagsterRunStatus.STARTING], tags={WORKER_TAG: self.name})
+        records = self.instance.get_run_records(
+            RunsFilter(statuses=[DagsterRunStatus.STARTING], tags={GPU_TAG: "1"})
         )
         now = time.time()
 
-        def orphaned(run) -> bool:
-            if run.tags.get(BOOT_TAG) != self.boot_id:
-                return True
-            launched = float(run.tags.get(LAUNCHED_AT_TAG, now))
-            return run.run_id not in self.finished and now - launched > HANDOVER_GRACE_S
+        def orphaned(record) -> bool:
+            run = record.dagster_run
+            stale = now - record.update_timestamp.timestamp() > self.runtime_cfg.handover_grace_seconds
+            owner = run.tags.get(WORKER_TAG)
+            if owner is None:
+                return stale
+            if owner != self.name:
+                return False
+            return run.tags.get(BOOT_TAG) != self.boot_id or (stale and run.run_id not in self.finished)
 
-        for run in sorted(filter(orphaned, runs), key=lambda r: float(r.tags.get(LAUNCHED_AT_TAG, 0))):
+        for record in sorted(filter(orphaned, records), key=lambda r: r.create_timestamp):
+            run_id = record.dagster_run.run_id
             with self.lock:
                 if self.stopping or self.state not in ("idle", "warming"):
                     return
-                self.state = "busy"  # the launcher now gets 409 and binds its run elsewhere
-            log.info("%s: recovering run %s that was never started", self.name, run.run_id)
+                before, self.state = self.state, "busy"  # the launcher now gets 409
+            if WORKER_TAG not in record.dagster_run.tags and not self._claim(run_id):
+                with self.lock:
+                    self.state = before  # another worker took it
+                continue
+            log.info("%s: recovering run %s that was never started", self.name, run_id)
             self.instance.add_run_tags(
-                run.run_id,
-                {BOOT_TAG: self.boot_id, PID_TAG: str(os.getpid()), **stages.stage_tags(stages.RECOVERED)},
+                run_id,
+                {
+                    WORKER_TAG: self.name,
+                    BOOT_TAG: self.boot_id,
+                    PID_TAG: str(os.getpid()),
+                    **stages.stage_tags(stages.RECOVERED),
+                },
             )
-            self._execute(run.run_id, resume=False)
+            self._execute(run_id, resume=False)
             with self.lock:
                 if not self.stopping:
                     self.state = "idle"
+
+    def _claim(self, run_id: str) -> bool:
+        """Exclusive, host-wide: True for exactly one worker asking about ``run_id``."""
+        claims = self.state_dir / "claims"
+        claims.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(claims / run_id, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        os.write(fd, self.name.encode())
+        os.close(fd)
+        return True
 
     def _scan_for_orphans(self) -> None:
         try:
@@ -441,7 +466,7 @@ class Worker:
                     run_id, resume = self.inbox.get(timeout=0.5)
                 except queue.Empty:
                     self._evict_if_idle()
-                    if time.monotonic() - last_scan > ORPHAN_SCAN_S:
+                    if time.monotonic() - last_scan > self.runtime_cfg.orphan_scan_seconds:
                         last_scan = time.monotonic()
                         self._scan_for_orphans()
                     continue

@@ -58,7 +58,12 @@ def stack(tmp_path_factory, wan_checkpoint) -> Iterator[Stack]:
     state = root / "state"
     state.mkdir()
     config = write_server_yaml(
-        root / "server.yaml", state, port, inference, monitoring={"poll_interval_seconds": 1}
+        root / "server.yaml",
+        state,
+        port,
+        inference,
+        monitoring={"poll_interval_seconds": 1},
+        runtime={"orphan_scan_seconds": 1, "handover_grace_seconds": 3},
     )
     stack = start_stack(config, state, port)
     try:
@@ -210,5 +215,29 @@ def test_run_bound_to_a_worker_but_never_handed_over_is_taken_back(stack):
         with stack.instance() as instance:
             tags = instance.get_run_by_id(run_id).tags
         assert tags[WORKER_TAG] == "cpu-0" and stages.STAGE_AT_PREFIX + stages.RECOVERED in tags
+    finally:
+        daemon.resume()
+
+
+def test_run_marked_starting_but_never_bound_is_taken_by_an_idle_worker(stack):
+    """The daemon died after marking a run STARTING and before binding it to any worker."""
+    from dagster._core.events import DagsterEvent
+
+    _wait_for(lambda: _all_idle(stack), 60, "idle workers", interval=0.3)
+    daemon = stack.children()["daemon"]
+    daemon.suspend()
+    try:
+        run_id = first_submit(stack, "unbound")
+        with stack.instance() as instance:
+            instance.report_dagster_event(
+                DagsterEvent(event_type_value=DagsterEventType.RUN_STARTING.value, job_name="r2v"), run_id
+            )
+        [status] = stack.wait_stored([run_id], timeout=60)
+        assert status == DagsterRunStatus.SUCCESS
+        with stack.instance() as instance:
+            tags = instance.get_run_by_id(run_id).tags
+        assert tags[WORKER_TAG] in ("cpu-0", "cpu-1") and stages.STAGE_AT_PREFIX + stages.RECOVERED in tags
+        claims = list((stack.state / "claims").iterdir())
+        assert [c.name for c in claims] == [run_id]  # exactly one worker claimed it
     finally:
         daemon.resume()
