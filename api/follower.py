@@ -30,6 +30,7 @@ log = logging.getLogger("shotloom.api")
 
 DELIVERY_HEADER = "X-Shotloom-Delivery-Id"
 RETRY_GRACE_S = 120.0  # a failed run marked will_retry whose retry never appears is failed after this
+NEVER_ENQUEUED_AFTER_S = 10.0  # a NOT_STARTED run this old was created by a submit that was cut short
 
 _RUNNING = {"STARTING", "STARTED", "CANCELING"}
 _FAILED = {"FAILURE", "CANCELED"}
@@ -132,6 +133,9 @@ class Follower:
             # the run anyway): look for a run tagged with the version first, never submit twice.
             if job.created_at < self._boot or job.version_id in self._uncertain:
                 existing = self.gateway.find_runs_by_tag(VERSION_TAG, job.version_id)
+                if not self._drop_never_enqueued(existing):
+                    continue  # a run may still be on its way into the queue: look again next tick
+                existing = [r for r in existing if r.status != "NOT_STARTED"]
                 roots = [r for r in existing if not r.root_run_id or r.root_run_id == r.run_id]
                 if roots:
                     self.store.mark_submitted(job.version_id, roots[-1].run_id)
@@ -149,6 +153,22 @@ class Follower:
             self._uncertain.discard(job.version_id)
             self.counters["submitted"] += 1
             log.info("version %s: submitted run %s", job.version_id, run_id)
+
+    def _drop_never_enqueued(self, runs: list[RunInfo]) -> bool:
+        """A submit cut short (webserver or API killed mid-request) can leave a run created but never
+        enqueued: NOT_STARTED forever (monitoring fails it only after its start timeout). Such a run
+        is canceled and the job submitted anew. False while one is too young to tell."""
+        now = time.time()
+        stuck = [r for r in runs if r.status == "NOT_STARTED"]
+        if any(now - (r.create_time or now) < NEVER_ENQUEUED_AFTER_S for r in stuck):
+            return False
+        for r in stuck:
+            try:
+                self.gateway.terminate(r.run_id, force=True, wait_starting_s=0)
+            except Exception as exc:  # it times out on its own; the job goes on with a new run
+                log.warning("could not cancel never-enqueued run %s: %s", r.run_id, exc)
+            log.info("run %s was created but never enqueued; canceled", r.run_id)
+        return True
 
     # -- follow ---------------------------------------------------------------------------------
     def follow_runs(self) -> None:
