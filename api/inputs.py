@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import ipaddress
 import os
 import socket
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Literal
 
 from api.settings import InputPolicy
+from shotloom.media import file_sha256
 
 if TYPE_CHECKING:
     from api.store import Store
@@ -129,7 +129,7 @@ def resolve_resource(
         size = tmp.stat().st_size
         if size == 0:
             raise InputError(field, "resource is empty")
-        digest = _sha256(tmp)
+        digest = file_sha256(tmp)
         ext, media_type, width, height = _validate(tmp, role, policy, field)
         rel = f"{digest[:2]}/{digest}.{ext}"
         final = assets_dir / rel
@@ -329,14 +329,6 @@ def _fetch(url: str, out: IO[bytes], policy: InputPolicy, field: str) -> None:
             finally:
                 response.close()
         raise InputError(field, f"too many redirects (more than {_MAX_REDIRECTS})")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # -- validation ---------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from api.inputs import InputAsset, InputError, copy_into_assets, resolve_resource
-from api.schemas import MergeRequest, R2VRequest
+from api.schemas import CALLBACK_HEADER, MergeRequest, R2VRequest
 from api.settings import ApiConfig
 from api.store import IdempotencyConflict, JobKind, JobRecord, NewJob, Store, payload_hash
 from shotloom.capabilities import Capabilities, CapabilityError
@@ -249,10 +249,7 @@ class Intake:
     # -- POST /merge ----------------------------------------------------------------------------
     def accept_merge(self, req: MergeRequest, callback_header: str | None) -> Accepted:
         flat = req.normalized()
-        try:
-            callback_url = req.effective_callback_url(callback_header)
-        except ValueError as exc:
-            raise ApiError(422, str(exc), "header." + _CALLBACK_FIELD) from None
+        callback_url = _callback(req, callback_header)
         digest = payload_hash(req.idempotency_payload())
         replay = self._replay(flat.get("job_id"), "merge", digest)
         if replay is not None:
@@ -301,14 +298,12 @@ class Intake:
         return self._accept(new)
 
 
-_CALLBACK_FIELD = "X-Nanobot-Director-Callback-Url"
-
-
-def _callback(req: R2VRequest, header: str | None) -> str | None:
+def _callback(req: R2VRequest | MergeRequest, header: str | None) -> str | None:
+    """The callback URL to use (the header wins); a bad header URL is a 422 naming the header."""
     try:
         return req.effective_callback_url(header)
     except ValueError as exc:
-        raise ApiError(422, str(exc), "header." + _CALLBACK_FIELD) from None
+        raise ApiError(422, str(exc), "header." + CALLBACK_HEADER) from None
 
 
 def _describe(asset: InputAsset) -> dict[str, Any]:

@@ -381,7 +381,8 @@ def _seconds(span: _Span, time_base: Fraction, origin: int | None = None) -> Fra
     return max(Fraction(0), (span.end - first) * time_base)
 
 
-def _file_digest(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -420,7 +421,7 @@ def probe(path: str | Path) -> MediaInfo:
             audio_channels=a.codec_context.channels if a is not None else None,
             audio_duration_s=float(_seconds(aspan, a.time_base, origin=0)) if a and aspan else None,
             bytes=path.stat().st_size,
-            sha256=_file_digest(path),
+            sha256=file_sha256(path),
         )
 
 
