@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import time
 from collections.abc import Iterator
 
@@ -80,6 +81,31 @@ def _wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(interval)
+
+
+def _suspend_outside_transactions(proc: psutil.Process, stack: Stack) -> None:
+    """SIGSTOP ``proc`` at a moment it holds no SQLite lock on the instance's storage (stopped
+    inside a transaction it would lock every other process out)."""
+    dbs = list((stack.state / "dagster_home" / "storage").rglob("*.db"))
+
+    def unlocked(db) -> bool:
+        con = sqlite3.connect(db, timeout=0.2)
+        try:
+            con.execute("BEGIN EXCLUSIVE")
+            con.rollback()
+            return True
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            con.close()
+
+    for _ in range(100):
+        proc.suspend()
+        if all(unlocked(db) for db in dbs):
+            return
+        proc.resume()
+        time.sleep(0.05)
+    raise AssertionError("could not stop the process outside a storage transaction")
 
 
 def _all_idle(stack: Stack) -> bool:
@@ -195,7 +221,7 @@ def test_run_bound_to_a_worker_but_never_handed_over_is_taken_back(stack):
 
     _wait_for(lambda: _all_idle(stack), 60, "idle workers", interval=0.3)
     daemon = stack.children()["daemon"]
-    daemon.suspend()  # no dequeue, no launch: the run below stays as this test leaves it
+    _suspend_outside_transactions(daemon, stack)  # no dequeue, no launch: the run stays as left
     try:
         run_id = first_submit(stack, "handover")
         boot = stack.workers()["cpu-0"]["boot_id"]
@@ -225,7 +251,7 @@ def test_run_marked_starting_but_never_bound_is_taken_by_an_idle_worker(stack):
 
     _wait_for(lambda: _all_idle(stack), 60, "idle workers", interval=0.3)
     daemon = stack.children()["daemon"]
-    daemon.suspend()
+    _suspend_outside_transactions(daemon, stack)
     try:
         run_id = first_submit(stack, "unbound")
         with stack.instance() as instance:
