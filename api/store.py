@@ -403,6 +403,15 @@ class Store:
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
                 Base.metadata.create_all(conn)
             return
+        database = self.engine.url.database
+        if database and database != ":memory:" and not database.startswith("file:"):
+            # The first connection switches the file to WAL and creates the tables: processes
+            # starting together on a new file get "database is locked" there, busy timeout or not.
+            from filelock import FileLock
+
+            with FileLock(database + ".lock"):
+                Base.metadata.create_all(self.engine)
+            return
         Base.metadata.create_all(self.engine)
 
     def close(self) -> None:
