@@ -108,10 +108,24 @@ def test_denoise_matches_the_pipelines_own_call(adapter):
     pipe = adapter.pipe
     embeds, mask, _, _ = pipe.encode_prompt(req.prompt, do_classifier_free_guidance=False, device="cpu")
     video, audio = pipe(
-        prompt_embeds=embeds, prompt_attention_mask=mask, height=64, width=64, num_frames=17, frame_rate=24.0,
-        sigmas=SIGMAS, num_inference_steps=len(SIGMAS), guidance_scale=1.0, stg_scale=0.0, modality_scale=1.0,
-        guidance_rescale=0.0, audio_guidance_scale=1.0, audio_modality_scale=1.0, audio_guidance_rescale=0.0,
-        generator=seed_everything(req.seed), output_type="latent", return_dict=False,
+        prompt_embeds=embeds,
+        prompt_attention_mask=mask,
+        height=64,
+        width=64,
+        num_frames=17,
+        frame_rate=24.0,
+        sigmas=SIGMAS,
+        num_inference_steps=len(SIGMAS),
+        guidance_scale=1.0,
+        stg_scale=0.0,
+        modality_scale=1.0,
+        guidance_rescale=0.0,
+        audio_guidance_scale=1.0,
+        audio_modality_scale=1.0,
+        audio_guidance_rescale=0.0,
+        generator=seed_everything(req.seed),
+        output_type="latent",
+        return_dict=False,
     )
     assert torch.equal(video, latents.tensors["video"]) and torch.equal(audio, latents.tensors["audio"])
 
@@ -143,7 +157,10 @@ def test_last_frame_and_reference_images(adapter, media):
     assert adapter.encoder_counter.calls["vae_encode"] - before == 4
     roles = [(c["role"], c["pixel_frame"], c["strength"]) for c in cond.meta["conditions"]]
     assert roles == [
-        ("first_frame", 0, 1.0), ("last_frame", 16, 1.0), ("reference", 5, 0.5), ("reference", 11, 0.5)
+        ("first_frame", 0, 1.0),
+        ("last_frame", 16, 1.0),
+        ("reference", 5, 0.5),
+        ("reference", 11, 0.5),
     ]
     assert latents.tensors["video"].shape == (1, 8, 3, 8, 8)  # keyframe tokens are dropped after sampling
     _, plain = _generate(adapter, _req(first_frame=media["frame"]))
@@ -285,8 +302,12 @@ def test_tiled_decode_tiles_space_and_time(adapter):
 
 @pytest.mark.parametrize(
     ("values", "field"),
-    [({"tile_px": 36}, "tiling.tile_px"), ({"stride_px": 12}, "tiling.stride_px"),
-     ({"tile_frames": 12}, "tiling.tile_frames"), ({"stride_frames": 4}, "tiling.stride_frames")],
+    [
+        ({"tile_px": 36}, "tiling.tile_px"),
+        ({"stride_px": 12}, "tiling.stride_px"),
+        ({"tile_frames": 12}, "tiling.tile_frames"),
+        ({"stride_frames": 4}, "tiling.stride_frames"),
+    ],
 )
 def test_tiling_must_align_to_the_vae(adapter, values, field):
     try:

@@ -68,8 +68,13 @@ _TINY_TEXT_DIM = 32  # Gemma3 hidden size == connector heads x head_dim (2 x 16)
 _TINY_TEXT_LAYERS = 2
 # LTX-2's real scheduler config: the DMD scheduler must override its shifting (tested).
 _LTX2_SCHEDULER = dict(
-    use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05, base_image_seq_len=1024,
-    max_image_seq_len=4096, shift_terminal=0.1, time_shift_type="exponential",
+    use_dynamic_shifting=True,
+    base_shift=0.95,
+    max_shift=2.05,
+    base_image_seq_len=1024,
+    max_image_seq_len=4096,
+    shift_terminal=0.1,
+    time_shift_type="exponential",
 )
 
 
@@ -93,17 +98,34 @@ def _tiny_text_encoder(vocab_size: int):
     )
 
     text = Gemma3TextConfig(
-        vocab_size=vocab_size, hidden_size=_TINY_TEXT_DIM, intermediate_size=64,
-        num_hidden_layers=_TINY_TEXT_LAYERS, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-        max_position_embeddings=2048, sliding_window=64, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+        vocab_size=vocab_size,
+        hidden_size=_TINY_TEXT_DIM,
+        intermediate_size=64,
+        num_hidden_layers=_TINY_TEXT_LAYERS,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=2048,
+        sliding_window=64,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
     )
     vision = SiglipVisionConfig(
-        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=16,
         patch_size=8,
     )
     config = Gemma3Config(
-        text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=4,
-        boi_token_index=2, eoi_token_index=1,
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        image_token_index=4,
+        boi_token_index=2,
+        eoi_token_index=1,
     )
     return Gemma3ForConditionalGeneration(config)
 
@@ -122,43 +144,83 @@ def _tiny_components() -> dict[str, Any]:
     tokenizer = _tiny_tokenizer()
     connector = dict(attention_head_dim=16, num_attention_heads=2, num_layers=1, num_learnable_registers=None)
     connectors = LTX2TextConnectors(
-        caption_channels=_TINY_TEXT_DIM, text_proj_in_factor=_TINY_TEXT_LAYERS + 1,
+        caption_channels=_TINY_TEXT_DIM,
+        text_proj_in_factor=_TINY_TEXT_LAYERS + 1,
         **{f"{side}_connector_{k}": v for side in ("video", "audio") for k, v in connector.items()},
-        connector_rope_base_seq_len=32, rope_double_precision=False, rope_type="split",
+        connector_rope_base_seq_len=32,
+        rope_double_precision=False,
+        rope_type="split",
     )
     transformer = LTX2VideoTransformer3DModel(
-        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
-        vae_scale_factors=(8, 8, 8), audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
-        audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2,
-        caption_channels=_TINY_TEXT_DIM, rope_double_precision=False, rope_type="split",
+        in_channels=8,
+        out_channels=8,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        cross_attention_dim=16,
+        vae_scale_factors=(8, 8, 8),
+        audio_in_channels=4,
+        audio_out_channels=4,
+        audio_num_attention_heads=2,
+        audio_attention_head_dim=4,
+        audio_cross_attention_dim=8,
+        num_layers=2,
+        caption_channels=_TINY_TEXT_DIM,
+        rope_double_precision=False,
+        rope_type="split",
     )
     vae = AutoencoderKLLTX2Video(
-        latent_channels=8, block_out_channels=(8, 8, 8), down_block_types=("LTX2VideoDownBlock3D",) * 3,
-        layers_per_block=(1, 1, 1, 1), spatio_temporal_scaling=(True, True, True),
-        downsample_type=("temporal", "temporal", "spatiotemporal"), decoder_block_out_channels=(8, 8, 8),
-        decoder_layers_per_block=(1, 1, 1, 1), decoder_spatio_temporal_scaling=(True, True, True),
-        decoder_inject_noise=(False,) * 4, upsample_type=("spatiotemporal", "temporal", "temporal"),
-        upsample_residual=(False,) * 3, upsample_factor=(1,) * 3, patch_size=4, patch_size_t=1,
-        spatial_compression_ratio=8, temporal_compression_ratio=8,
+        latent_channels=8,
+        block_out_channels=(8, 8, 8),
+        down_block_types=("LTX2VideoDownBlock3D",) * 3,
+        layers_per_block=(1, 1, 1, 1),
+        spatio_temporal_scaling=(True, True, True),
+        downsample_type=("temporal", "temporal", "spatiotemporal"),
+        decoder_block_out_channels=(8, 8, 8),
+        decoder_layers_per_block=(1, 1, 1, 1),
+        decoder_spatio_temporal_scaling=(True, True, True),
+        decoder_inject_noise=(False,) * 4,
+        upsample_type=("spatiotemporal", "temporal", "temporal"),
+        upsample_residual=(False,) * 3,
+        upsample_factor=(1,) * 3,
+        patch_size=4,
+        patch_size_t=1,
+        spatial_compression_ratio=8,
+        temporal_compression_ratio=8,
     )
     # Packed audio token width = latent_channels x mel_bins / 4 = 4 = base_channels (the latent stats' size).
     audio_vae = AutoencoderKLLTX2Audio(
-        base_channels=4, output_channels=2, ch_mult=(1, 1, 1), num_res_blocks=1, in_channels=2, resolution=32,
-        latent_channels=2, sample_rate=16000, mel_hop_length=160, mel_bins=8,
+        base_channels=4,
+        output_channels=2,
+        ch_mult=(1, 1, 1),
+        num_res_blocks=1,
+        in_channels=2,
+        resolution=32,
+        latent_channels=2,
+        sample_rate=16000,
+        mel_hop_length=160,
+        mel_bins=8,
     )
     # 100 mel frames/s x (6 x 5 x 8) = 24000 samples/s; kernel - stride even keeps lengths exact.
     vocoder = LTX2Vocoder(
-        in_channels=2 * 8, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[16, 15, 16],
-        upsample_factors=[6, 5, 8], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3]],
+        in_channels=2 * 8,
+        hidden_channels=32,
+        out_channels=2,
+        upsample_kernel_sizes=[16, 15, 16],
+        upsample_factors=[6, 5, 8],
+        resnet_kernel_sizes=[3],
+        resnet_dilations=[[1, 3]],
         output_sampling_rate=24000,
     )
     return dict(
-        scheduler=FlowMatchEulerDiscreteScheduler(**_LTX2_SCHEDULER), vae=vae, audio_vae=audio_vae,
-        text_encoder=_tiny_text_encoder(len(tokenizer)), tokenizer=tokenizer, connectors=connectors,
-        transformer=transformer, vocoder=vocoder,
+        scheduler=FlowMatchEulerDiscreteScheduler(**_LTX2_SCHEDULER),
+        vae=vae,
+        audio_vae=audio_vae,
+        text_encoder=_tiny_text_encoder(len(tokenizer)),
+        tokenizer=tokenizer,
+        connectors=connectors,
+        transformer=transformer,
+        vocoder=vocoder,
     )
-
-
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -186,8 +248,6 @@ class _Video:
     clean: torch.Tensor  # clean condition latents where mask > 0
     coords: torch.Tensor  # RoPE positions of every token
     clip_tokens: int  # the clip's own tokens; keyframe tokens are dropped after sampling
-
-
 
 
 @contextmanager
@@ -248,12 +308,23 @@ def _log_mel(wave: torch.Tensor, rate: int, hop: int, mel_bins: int) -> torch.Te
     from transformers.audio_utils import mel_filter_bank
 
     spec = torch.stft(
-        wave, MEL_N_FFT, hop_length=hop, win_length=MEL_N_FFT, window=torch.hann_window(MEL_N_FFT),
-        center=True, pad_mode="reflect", return_complex=True,
+        wave,
+        MEL_N_FFT,
+        hop_length=hop,
+        win_length=MEL_N_FFT,
+        window=torch.hann_window(MEL_N_FFT),
+        center=True,
+        pad_mode="reflect",
+        return_complex=True,
     ).abs()  # (channels, freqs, frames), power 1
     bank = mel_filter_bank(
-        num_frequency_bins=MEL_N_FFT // 2 + 1, num_mel_filters=mel_bins, min_frequency=0.0,
-        max_frequency=rate / 2, sampling_rate=rate, norm="slaney", mel_scale="slaney",
+        num_frequency_bins=MEL_N_FFT // 2 + 1,
+        num_mel_filters=mel_bins,
+        min_frequency=0.0,
+        max_frequency=rate / 2,
+        sampling_rate=rate,
+        norm="slaney",
+        mel_scale="slaney",
     )
     mel = torch.from_numpy(bank.T).float() @ spec
     return torch.log(mel.clamp(min=1e-5)).transpose(1, 2).unsqueeze(0)
@@ -333,9 +404,12 @@ class LTX2Adapter(FamilyAdapter):
             if value % ratio:
                 raise ValueError(f"tiling.{field}: must be a multiple of the VAE ratio {ratio}, got {value}")
         vae.enable_tiling(
-            tile_sample_min_height=tiling.tile_px, tile_sample_min_width=tiling.tile_px,
-            tile_sample_min_num_frames=tiling.tile_frames, tile_sample_stride_height=tiling.stride_px,
-            tile_sample_stride_width=tiling.stride_px, tile_sample_stride_num_frames=tiling.stride_frames,
+            tile_sample_min_height=tiling.tile_px,
+            tile_sample_min_width=tiling.tile_px,
+            tile_sample_min_num_frames=tiling.tile_frames,
+            tile_sample_stride_height=tiling.stride_px,
+            tile_sample_stride_width=tiling.stride_px,
+            tile_sample_stride_num_frames=tiling.stride_frames,
         )
         vae.use_framewise_decoding = True  # LTX-2's VAE tiles time only in "framewise" decoding
 
@@ -343,8 +417,10 @@ class LTX2Adapter(FamilyAdapter):
         """Count real encoder forwards with pre-hooks on the encoder modules."""
         pipe = self.pipe
         modules = {
-            "text_encoder": pipe.text_encoder, "connectors": pipe.connectors,
-            "vae_encode": pipe.vae.encoder, "audio_vae_encode": pipe.audio_vae.encoder,
+            "text_encoder": pipe.text_encoder,
+            "connectors": pipe.connectors,
+            "vae_encode": pipe.vae.encoder,
+            "audio_vae_encode": pipe.audio_vae.encoder,
         }
         for name, module in modules.items():
             module.register_forward_pre_hook(lambda _m, _a, n=name: self.encoder_counter.hit(n))
@@ -399,8 +475,13 @@ class LTX2Adapter(FamilyAdapter):
         if audio is not None:
             tensors["audio_latents"] = self._encode_audio(audio, req, device)
         meta = {
-            "family": self.family, "width": req.width, "height": req.height, "num_frames": req.num_frames,
-            "fps": req.fps, "uses_negative": req.guidance_scale > 1.0, "audio_in": audio is not None,
+            "family": self.family,
+            "width": req.width,
+            "height": req.height,
+            "num_frames": req.num_frames,
+            "fps": req.fps,
+            "uses_negative": req.guidance_scale > 1.0,
+            "audio_in": audio is not None,
             "conditions": [
                 {"role": c.role, "pixel_frame": c.pixel_frame, "strength": c.strength} for c in conditions
             ],
@@ -412,7 +493,9 @@ class LTX2Adapter(FamilyAdapter):
         pipe = self.pipe
         use_negative = req.guidance_scale > 1.0
         embeds, mask, neg_embeds, neg_mask = pipe.encode_prompt(
-            prompt=req.prompt, negative_prompt=req.negative_prompt, do_classifier_free_guidance=use_negative,
+            prompt=req.prompt,
+            negative_prompt=req.negative_prompt,
+            do_classifier_free_guidance=use_negative,
             device=device,
         )
         out: dict[str, torch.Tensor] = {}
@@ -499,8 +582,12 @@ class LTX2Adapter(FamilyAdapter):
         # 4. Unpack and denormalise, as __call__ does for output_type="latent".
         vae, avae = pipe.vae, pipe.audio_vae
         latents = pipe._unpack_latents(
-            latents[:, : video.clip_tokens], dims.frames, dims.height, dims.width,
-            pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size,
+            latents[:, : video.clip_tokens],
+            dims.frames,
+            dims.height,
+            dims.width,
+            pipe.transformer_spatial_patch_size,
+            pipe.transformer_temporal_patch_size,
         )
         latents = pipe._denormalize_latents(
             latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
@@ -508,10 +595,18 @@ class LTX2Adapter(FamilyAdapter):
         audio = pipe._denormalize_audio_latents(audio, avae.latents_mean, avae.latents_std)
         audio = pipe._unpack_audio_latents(audio, dims.audio_frames, num_mel_bins=self._latent_mel_bins)
         meta = {
-            "family": self.family, "kind": "latents", "seed": req.seed, "shift": self.cfg.sampler.shift,
-            "sigmas": pipe.scheduler.sigmas[:-1].tolist(), "shape": list(latents.shape),
-            "audio_shape": list(audio.shape), "audio_held": held, "width": req.width, "height": req.height,
-            "num_frames": req.num_frames, "fps": req.fps,
+            "family": self.family,
+            "kind": "latents",
+            "seed": req.seed,
+            "shift": self.cfg.sampler.shift,
+            "sigmas": pipe.scheduler.sigmas[:-1].tolist(),
+            "shape": list(latents.shape),
+            "audio_shape": list(audio.shape),
+            "audio_held": held,
+            "width": req.width,
+            "height": req.height,
+            "num_frames": req.num_frames,
+            "fps": req.fps,
         }
         tensors = {"video": latents.float().cpu().contiguous(), "audio": audio.float().cpu().contiguous()}
         return TensorBundle(tensors, meta)
@@ -543,8 +638,13 @@ class LTX2Adapter(FamilyAdapter):
         )
 
     def _prepare_video(
-        self, t: dict[str, torch.Tensor], conditions: list[dict], req: GenerationRequest, dims: _Dims,
-        generator, noise_scale: float,
+        self,
+        t: dict[str, torch.Tensor],
+        conditions: list[dict],
+        req: GenerationRequest,
+        dims: _Dims,
+        generator,
+        noise_scale: float,
     ) -> _Video:
         """``LTX2ConditionPipeline.prepare_latents`` with the condition latents taken from the bundle."""
         pipe = self.pipe
@@ -558,8 +658,13 @@ class LTX2Adapter(FamilyAdapter):
         # Frame-0 conditions replace the first latent frame's tokens.
         strengths = [float(c["strength"]) for c in conditions]
         latents, mask, clean = pipe.apply_first_frame_conditioning(
-            latents, mask, [packed[i] for i in first], [strengths[i] for i in first], [0] * len(first),
-            latent_height=dims.height, latent_width=dims.width,
+            latents,
+            mask,
+            [packed[i] for i in first],
+            [strengths[i] for i in first],
+            [0] * len(first),
+            latent_height=dims.height,
+            latent_width=dims.width,
         )
         coords = pipe.transformer.rope.prepare_video_coords(
             1, dims.frames, dims.height, dims.width, device, fps=float(req.fps)
@@ -571,8 +676,13 @@ class LTX2Adapter(FamilyAdapter):
                 continue
             kf_shape = t[f"image_latents.{i}"].shape
             kf_coords = pipe._prepare_keyframe_coords(
-                kf_shape[2], kf_shape[3], kf_shape[4], pixel_frame_idx=c["pixel_frame"], num_pixel_frames=1,
-                fps=float(req.fps), device=device,
+                kf_shape[2],
+                kf_shape[3],
+                kf_shape[4],
+                pixel_frame_idx=c["pixel_frame"],
+                num_pixel_frames=1,
+                fps=float(req.fps),
+                device=device,
             )
             latents, clean = torch.cat([latents, packed[i]], 1), torch.cat([clean, packed[i]], 1)
             kf_mask = torch.full((*packed[i].shape[:2], 1), strengths[i], device=device)
@@ -595,8 +705,15 @@ class LTX2Adapter(FamilyAdapter):
         return _randn(shape, generator, device)
 
     def _sample(
-        self, t: dict[str, torch.Tensor], video: _Video, audio: torch.Tensor, held: bool, schedulers: tuple,
-        req: GenerationRequest, dims: _Dims, progress: Progress | None,
+        self,
+        t: dict[str, torch.Tensor],
+        video: _Video,
+        audio: torch.Tensor,
+        held: bool,
+        schedulers: tuple,
+        req: GenerationRequest,
+        dims: _Dims,
+        progress: Progress | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The denoising loop of ``__call__`` (no STG / modality guidance: DMD checkpoints are distilled)."""
         pipe = self.pipe
@@ -620,13 +737,24 @@ class LTX2Adapter(FamilyAdapter):
             timestep = step_t.expand(batch)
             audio_timestep = torch.zeros_like(timestep) if held else audio_sched.timesteps[i].expand(batch)
             pred_video, pred_audio = pipe.transformer(
-                hidden_states=rep(latents).to(dtype), audio_hidden_states=rep(audio).to(dtype),
-                encoder_hidden_states=text[0], audio_encoder_hidden_states=text[1],
-                timestep=timestep.unsqueeze(-1) * (1 - mask_in.squeeze(-1)), audio_timestep=audio_timestep,
-                sigma=timestep, audio_sigma=audio_timestep, encoder_attention_mask=text[2],
-                audio_encoder_attention_mask=text[2], num_frames=dims.frames, height=dims.height,
-                width=dims.width, fps=float(req.fps), audio_num_frames=dims.audio_frames,
-                video_coords=video_coords, audio_coords=audio_coords, use_cross_timestep=True,
+                hidden_states=rep(latents).to(dtype),
+                audio_hidden_states=rep(audio).to(dtype),
+                encoder_hidden_states=text[0],
+                audio_encoder_hidden_states=text[1],
+                timestep=timestep.unsqueeze(-1) * (1 - mask_in.squeeze(-1)),
+                audio_timestep=audio_timestep,
+                sigma=timestep,
+                audio_sigma=audio_timestep,
+                encoder_attention_mask=text[2],
+                audio_encoder_attention_mask=text[2],
+                num_frames=dims.frames,
+                height=dims.height,
+                width=dims.width,
+                fps=float(req.fps),
+                audio_num_frames=dims.audio_frames,
+                video_coords=video_coords,
+                audio_coords=audio_coords,
+                use_cross_timestep=True,
                 return_dict=False,
             )
             sigma = sched.sigmas[i]

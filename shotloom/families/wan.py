@@ -118,8 +118,6 @@ def _tiny_components(pipeline: str) -> dict[str, Any]:
     raise ValueError(f"pipeline: unsupported Wan pipeline {pipeline!r}; known: {list(SUPPORTED_PIPELINES)}")
 
 
-
-
 # -- helpers -------------------------------------------------------------------------------------
 def _pipeline_kind(pipe) -> str:
     name = type(pipe).__name__
@@ -174,8 +172,6 @@ def _patched(obj: Any, **methods: Callable) -> Iterator[None]:
                 obj.__dict__.pop(name, None)
             else:
                 setattr(obj, name, value)
-
-
 
 
 # -- adapter -------------------------------------------------------------------------------------
