@@ -25,6 +25,7 @@ shot: install
 
 test: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
 
 .PHONY: install run shot test

@@ -68,7 +68,8 @@ class Stack:
         for name, dev in zip(cfg.worker_names(), cfg.workers.devices, strict=True):
             device = name.replace("-", ":", 1)  # cpu-1 -> cpu:1, cuda-3 -> cuda:3
             cmd = [py, "-m", "orchestration.worker", "--device", device, "--name", name]
-            cmd += ["--threads", str(dev.threads), "--state-dir", str(cfg.state_dir)]
+            cmd += ["--threads", str(dev.threads), "--nice", str(cfg.workers.niceness(dev))]
+            cmd += ["--state-dir", str(cfg.state_dir)]
             cmd += ["--server-config", str(self.config_path)]
             self.commands[f"worker-{name}"] = cmd + ([] if cfg.workers.warm else ["--no-warm"])
         workspace = ["-w", str(cfg.workspace)]

@@ -28,12 +28,12 @@ from api.schemas import (
     MergeRequest,
     R2VRequest,
     VersionResponse,
-    iso_time,
     validation_error_body,
 )
 from api.service import ApiError, Intake
 from api.settings import ApiConfig
-from api.store import ArtifactRecord, JobRecord, Store
+from api.store import JobRecord, Store
+from api.views import VersionViews, artifact_response, task_fields
 
 _ERRORS = {404: {"description": "Unknown id."}}
 _WRITE_ERRORS = {
@@ -88,7 +88,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     def accepted(job: JobRecord, created: bool) -> Response:
         job, position, artifacts = ctx.store.version_view(job.version_id)
-        body = AcceptedResponse(**_task_fields(job, position, artifacts, base)).model_dump_json()
+        body = AcceptedResponse(**task_fields(job, position, artifacts, base)).model_dump_json()
         return Response(body, status_code=202 if created else 200, media_type="application/json")
 
     def ready_or_503() -> None:
@@ -125,23 +125,14 @@ def create_app(ctx: ApiContext) -> FastAPI:
         result = ctx.intake.accept_merge(req, callback_header)
         return accepted(result.job, result.created)
 
-    # Pollers hit this hard (bench/api.py): it is served on the event loop (no threadpool hop) from
-    # bodies cached per store generation (any write through the store invalidates them all).
-    cache: dict[str, tuple[int, bytes]] = {}
+    # Pollers hit this hard: served on the event loop (no threadpool hop) from cached bodies.
+    views = VersionViews(ctx.store, base, VERSION_CACHE_SIZE)
 
     @app.get("/version/{version_id}", response_model=VersionResponse, responses=_ERRORS)
     async def get_version(version_id: str) -> Response:
-        generation = ctx.store.generation  # read before the view: a write meanwhile makes it stale
-        hit = cache.get(version_id)
-        if hit is not None and hit[0] == generation:
-            return Response(hit[1], media_type="application/json")
-        view = ctx.store.version_view(version_id)
-        if view is None:
+        body = views.body(version_id)
+        if body is None:
             raise ApiError(404, f"unknown version {version_id!r}")
-        body = version_response(*view, base).model_dump_json().encode()
-        if len(cache) >= VERSION_CACHE_SIZE:
-            cache.clear()
-        cache[version_id] = (generation, body)
         return Response(body, media_type="application/json")
 
     @app.get("/artifact/{artifact_id}", response_model=ArtifactResponse, responses=_ERRORS)
@@ -158,65 +149,6 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     app.include_router(media_router(ctx.media_root))
     return app
-
-
-# -- views --------------------------------------------------------------------------------------
-
-
-def artifact_response(art: ArtifactRecord, base: str) -> ArtifactResponse:
-    return ArtifactResponse(
-        artifact_id=art.artifact_id,
-        version_id=art.version_id,
-        work_id=art.work_id,
-        shot_id=art.shot_id,
-        kind=art.kind,
-        role=art.role,
-        url=base + art.url_path,
-        bytes=art.bytes,
-        sha256=art.sha256,
-        created_at=iso_time(art.created_at),
-        metadata=art.metadata,
-    )
-
-
-def _task_fields(
-    job: JobRecord, position: int | None, artifacts: list[ArtifactRecord], base: str
-) -> dict[str, Any]:
-    return {
-        "kind": job.kind,
-        "task_id": job.version_id,
-        "version_id": job.version_id,
-        "remote_task_id": job.version_id,
-        "work_id": job.work_id,
-        "job_id": job.job_id,
-        "shot_id": job.shot_id,
-        "status": job.status,
-        "stage": job.stage,
-        "queue_position": position,
-        "status_url": f"{base}/version/{job.version_id}",
-        "artifacts": [artifact_response(a, base) for a in artifacts],
-    }
-
-
-def version_response(
-    job: JobRecord, position: int | None, artifacts: list[ArtifactRecord], base: str
-) -> VersionResponse:
-    live = job.live or {}
-    result = job.result or {}
-    return VersionResponse(
-        **_task_fields(job, position, artifacts, base),
-        error=job.error,
-        video_url=result.get("video_url"),
-        created_at=iso_time(job.created_at),
-        updated_at=iso_time(job.updated_at),
-        finished_at=iso_time(job.finished_at),
-        run_id=job.run_id,
-        stage_times=live.get("stage_times", {}),
-        progress=live.get("progress"),
-        worker=live.get("worker"),
-        result=result or None,
-        request={**job.request.get("client", {}), "inputs": job.request.get("inputs", {})},
-    )
 
 
 def ffmpeg_available() -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -35,13 +36,14 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    inspect,
     select,
     text,
     tuple_,
 )
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 JobKind = Literal["r2v", "merge"]
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
@@ -379,19 +381,48 @@ def _sqlite_engine(url: str, busy_timeout_s: float) -> Engine:
 _SCHEMA_LOCK_KEY = 0x5_4071_00A1
 
 
+_TOUCHED, _QUEUE_CHANGED = "shotloom_touched_versions", "shotloom_queue_changed"
+_MAX_STAMPS = 100_000
+
+
+def _note_changes(session: Session, _flush_context: Any) -> None:
+    """after_flush: which job versions this write touched, and whether a queue's membership
+    changed (its positions). The session's new/dirty/deleted sets and attribute history still
+    show the flushed changes here."""
+    touched: set[str] = session.info.setdefault(_TOUCHED, set())
+    for obj in (*session.new, *session.dirty, *session.deleted):
+        if isinstance(obj, Job):
+            touched.add(obj.version_id)
+            if obj in session.new or obj in session.deleted:
+                session.info[_QUEUE_CHANGED] = True
+            else:
+                history = inspect(obj).attrs.status.history
+                if "queued" in (*history.added, *history.deleted):
+                    session.info[_QUEUE_CHANGED] = True
+        elif isinstance(obj, Artifact):
+            touched.add(obj.version_id)
+
+
 class Store:
     """The service store. Thread-safe: every method opens its own session and transaction."""
 
     def __init__(self, url: str, *, busy_timeout_s: float = 30.0, create: bool = True):
         self.url = url
-        # Bumped by every write through this object: the API process is the store's only writer,
-        # so a view cached at generation g is current while the generation is still g.
-        self.generation = 0
+        # What committed writes changed, for readers that cache (api.views.VersionViews): a stamp
+        # per job version and a generation of queue membership. The API process is the store's
+        # only writer, so a view read under unchanged stamps is still current.
+        self.queue_generation = 0
+        self._stamps: dict[str, int] = {}
+        self._writes = 0
+        self._stamp_floor = 0  # the stamp of versions not in _stamps (bounded: cleared when large)
+        self._stamp_lock = threading.Lock()
         if make_url(url).get_backend_name() == "sqlite":
             self.engine = _sqlite_engine(url, busy_timeout_s)
         else:
             self.engine = create_engine(url, pool_pre_ping=True)
         self._read_engine = self.engine.execution_options(**{_READ_OPTION: True})
+        self._write_sessions = sessionmaker(self.engine, expire_on_commit=False)
+        event.listen(self._write_sessions, "after_flush", _note_changes)
         if create:
             self.create_schema()
 
@@ -419,11 +450,27 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[Session]:
+        session = self._write_sessions()
         try:
-            with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            with session, session.begin():
                 yield session
         finally:
-            self.generation += 1  # after the commit (or rollback): readers' caches are stale now
+            self._publish(session.info)  # after the commit (or rollback): cached views are stale now
+
+    def _publish(self, changes: dict[str, Any]) -> None:
+        with self._stamp_lock:
+            self._writes += 1
+            if len(self._stamps) >= _MAX_STAMPS:
+                self._stamps.clear()
+                self._stamp_floor = self._writes - 1  # nothing unstamped changed after it
+            for version_id in changes.get(_TOUCHED, ()):
+                self._stamps[version_id] = self._writes
+            if changes.get(_QUEUE_CHANGED):
+                self.queue_generation += 1
+
+    def version_stamp(self, version_id: str) -> int:
+        """Changes when a write touches the version's job row or artifacts (read it before them)."""
+        return self._stamps.get(version_id, self._stamp_floor)
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
@@ -610,17 +657,41 @@ class Store:
             return self._position(s, row) if row is not None else None
 
     def version_view(self, version_id: str) -> tuple[JobRecord, int | None, list[ArtifactRecord]] | None:
-        """The job, its queue position and its artifacts in one read (GET /version is polled hard)."""
+        """The job, its queue position and its artifacts in one read."""
         with self._read() as s:
             row = s.get(Job, version_id)
             if row is None:
                 return None
-            arts = s.scalars(
-                select(Artifact)
-                .where(Artifact.version_id == version_id)
-                .order_by(Artifact.created_at, Artifact.artifact_id)
+            return _job_record(row), self._position(s, row), self._artifacts(s, version_id)
+
+    def job_view(self, version_id: str) -> tuple[JobRecord, list[ArtifactRecord]] | None:
+        """The job and its artifacts in one read (no queue position: see ``queue_positions``)."""
+        with self._read() as s:
+            row = s.get(Job, version_id)
+            return (_job_record(row), self._artifacts(s, version_id)) if row is not None else None
+
+    def queue_positions(self) -> dict[str, int]:
+        """Every queued version's 1-based FIFO position in its kind's queue, in one query."""
+        with self._read() as s:
+            rows = s.execute(
+                select(Job.kind, Job.version_id)
+                .where(Job.status == "queued")
+                .order_by(Job.created_at, Job.version_id)
             ).all()
-            return _job_record(row), self._position(s, row), [_artifact_record(a) for a in arts]
+        counts: dict[str, int] = {}
+        positions = {}
+        for kind, version_id in rows:
+            counts[kind] = positions[version_id] = counts.get(kind, 0) + 1
+        return positions
+
+    @staticmethod
+    def _artifacts(s: Session, version_id: str) -> list[ArtifactRecord]:
+        rows = s.scalars(
+            select(Artifact)
+            .where(Artifact.version_id == version_id)
+            .order_by(Artifact.created_at, Artifact.artifact_id)
+        ).all()
+        return [_artifact_record(a) for a in rows]
 
     def counts_by_status(self, kind: JobKind) -> dict[str, int]:
         """{queued, running, succeeded, failed: n} for one kind (zeros included)."""
@@ -705,12 +776,7 @@ class Store:
 
     def artifacts_for(self, version_id: str) -> list[ArtifactRecord]:
         with self._read() as s:
-            rows = s.scalars(
-                select(Artifact)
-                .where(Artifact.version_id == version_id)
-                .order_by(Artifact.created_at, Artifact.artifact_id)
-            ).all()
-            return [_artifact_record(r) for r in rows]
+            return self._artifacts(s, version_id)
 
     # -- input assets ---------------------------------------------------------------------------
 

@@ -33,6 +33,9 @@ class InferenceRef(_Strict):
 class DeviceConfig(_Strict):
     device: str = Field(description="'cpu' (or 'cpu:n'), 'cuda:<logical id>' or a bare logical id.")
     threads: int = Field(default=0, ge=0, description="torch CPU threads (0 = torch's default).")
+    nice: int | None = Field(
+        default=None, ge=0, le=19, description="CPU scheduling niceness (default: workers.cpu_nice / 0)."
+    )
 
     @field_validator("device", mode="before")
     @classmethod
@@ -43,6 +46,18 @@ class DeviceConfig(_Strict):
 class WorkersConfig(_Strict):
     warm: bool = Field(default=True, description="Load the model before taking the first run.")
     devices: list[DeviceConfig] = Field(min_length=1)
+    cpu_nice: int = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description="Niceness of CPU device workers: their compute yields the CPU to the API, webserver "
+        "and daemon, which stay responsive on a saturated host (CUDA workers default to 0).",
+    )
+
+    def niceness(self, device: DeviceConfig) -> int:
+        if device.nice is not None:
+            return device.nice
+        return self.cpu_nice if device.device.partition(":")[0] == "cpu" else 0
 
 
 class MonitoringConfig(_Strict):
@@ -101,7 +116,9 @@ class ServerConfig(_Strict):
     supervision: SupervisionConfig = SupervisionConfig()
     retries: RetriesConfig = RetriesConfig()
     api: ApiConfig = ApiConfig()
-    dequeue_interval_seconds: int = 1
+    dequeue_interval_seconds: float = Field(
+        default=0.5, gt=0, description="How often the daemon launches queued runs (>= 0.5 s in effect)."
+    )
     media_root: Path | None = Field(default=None, description="Default: <state_dir>/media.")
     step_storage: Path | None = Field(default=None, description="Default: <state_dir>/steps.")
     workspace: Path = Field(default=Path("workspace.yaml"))
@@ -148,8 +165,8 @@ class ServerConfig(_Strict):
         return {
             "storage": {"sqlite": {"base_dir": str(self.dagster_home / "storage")}},
             "run_coordinator": {
-                "module": "dagster._core.run_coordinator",
-                "class": "QueuedRunCoordinator",
+                "module": "orchestration.coordinator",
+                "class": "DeviceRunCoordinator",
                 "config": {
                     "dequeue_interval_seconds": self.dequeue_interval_seconds,
                     # One limit on the key (not per value): any free worker takes the oldest run.

@@ -140,6 +140,7 @@ class Worker:
                 "name": self.name,
                 "device": self.device,
                 "threads": self.threads,
+                "nice": os.getpriority(os.PRIO_PROCESS, 0),
                 "pid": os.getpid(),
                 "boot_id": self.boot_id,
                 "state": self.state,
@@ -522,6 +523,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu:0", help="cpu[:n], cuda:<logical id> or <id>")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    parser.add_argument("--nice", type=int, default=0, help="add this to the process's niceness")
     parser.add_argument("--name", default="", help="registry name (default: from the device)")
     parser.add_argument("--state-dir", default=os.environ.get("SHOTLOOM_STATE_DIR", "var/server"))
     parser.add_argument("--host", default="127.0.0.1")
@@ -531,6 +533,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     device = pin_device(args.device, args.threads)  # before anything imports torch
+    if args.nice > 0:
+        os.nice(args.nice)  # torch's threads, started later, inherit it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.threads > 0:
         import torch

@@ -374,3 +374,40 @@ def test_bare_postgresql_url_uses_the_pinned_driver(pg_server):
         assert s.accept(_job("bare")).created
     finally:
         s.close()
+
+
+def test_version_bodies_follow_every_change_they_show_and_only_those(store):
+    """GET /version bodies are cached (pollers hit them hard); each change a body shows rebuilds it:
+    its own row or artifacts, or, while queued, any job entering or leaving its queue. A queue
+    change re-reads positions once for every queue, not each queued job's row."""
+    import json
+
+    from api.views import VersionViews
+
+    ids = [store.accept(_job(shot_id=f"s{i}")).version_id for i in range(3)]
+    views = VersionViews(store, "http://api")
+    reads: list[str] = []
+    job_view = store.job_view
+    store.job_view = lambda v: reads.append(v) or job_view(v)
+
+    def body(v: str) -> dict:
+        return json.loads(views.body(v))
+
+    assert [body(v)["queue_position"] for v in ids] == [1, 2, 3]
+    assert views.body(ids[2]) is views.body(ids[2]) and reads == ids  # cached, read once each
+
+    store.update_status(ids[0], live={"progress": {"stage": "validating", "done": 1, "total": 2}})
+    assert views.body(ids[2]) is views.body(ids[2]) and len(reads) == 3  # another job's row changed
+    assert body(ids[0])["progress"] == {"stage": "validating", "done": 1, "total": 2}
+
+    reads.clear()
+    store.update_status(ids[0], status="running", stage="claimed")  # leaves the queue
+    assert [body(v)["queue_position"] for v in ids[1:]] == [1, 2] and reads == []  # positions only
+    assert (body(ids[0])["status"], body(ids[0])["queue_position"]) == ("running", None)
+
+    store.add_artifact(ids[0], kind="video", role="output", path="r2v/a.mp4", url_path="/media/r2v/a.mp4")
+    assert [a["url"] for a in body(ids[0])["artifacts"]] == ["http://api/media/r2v/a.mp4"]
+    newer = store.accept(_job(shot_id="s9")).version_id  # enters the queue behind the others
+    assert body(newer)["queue_position"] == 3 and body(ids[2])["queue_position"] == 2
+    assert store.queue_positions() == {v: store.queue_position(v) for v in (ids[1], ids[2], newer)}
+    assert views.body("missing") is None

@@ -24,6 +24,8 @@ import psutil
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus
 from dagster._core.launcher import LaunchRunContext
+from dagster._daemon.controller import create_daemon_of_type
+from dagster._daemon.run_coordinator import QueuedRunCoordinatorDaemon
 
 from orchestration.launcher import (
     BOOT_TAG,
@@ -93,7 +95,10 @@ def test_generated_dagster_yaml_builds_the_instance(tmp_path):
         assert isinstance(instance.run_launcher, DeviceRunLauncher)
         assert instance.run_launcher.supports_check_run_worker_health
         coordinator = instance.run_coordinator
-        assert coordinator.dequeue_interval_seconds == 1
+        assert coordinator.dequeue_interval_seconds == 0.5
+        # The daemon reads the interval from the coordinator (a float: sub-second dequeue).
+        dequeuer = create_daemon_of_type(QueuedRunCoordinatorDaemon.daemon_type(), instance)
+        assert dequeuer.interval_seconds == 0.5
         assert coordinator.get_run_queue_config().tag_concurrency_limits == [{"key": GPU_TAG, "limit": 3}]
         assert instance.run_monitoring_enabled and instance.run_monitoring_max_resume_run_attempts > 0
     shipped = ServerConfig.load(REPO / "configs" / "server.cpu.yaml")
@@ -254,6 +259,7 @@ def test_worker_status_reports_admission_plan_device_and_weights(stack):
     assert set(statuses) == {"cpu-0", "cpu-1"}
     for name, status in statuses.items():
         assert status["device"] == name.replace("-", ":")
+        assert status["nice"] == 10  # CPU workers yield the CPU to the control plane (workers.cpu_nice)
         assert status["weight_location"] == "cpu" and status["weights_loaded"]
         plan = status["admission_plan"]
         assert plan["verdict"] == "admit", plan
