@@ -8,10 +8,10 @@ ports, waits for ``GET /health`` to answer 200, then measures over real HTTP:
 * accept: ``--requests`` sequential ``POST /r2v`` (distinct shot ids, a small inline
   ``data:`` PNG as condition_img; every 10th also one memory slot with a ``data:`` image),
   client wall time per request: p50, p99 (target p50 <= 500 ms);
-* version: ``--pollers`` threads, each looping ``GET /version/{id}`` on one of the accepted
-  versions for ``--seconds`` while the workers process the queue: p50, p99, requests/s
-  (target p99 <= 100 ms). Every poller keeps one HTTP/1.1 connection open (http.client:
-  little client CPU, so the figures are mostly the server's).
+* version: ``--pollers`` connections, each looping ``GET /version/{id}`` on one of the accepted
+  versions with no pause for ``--seconds`` while the workers process the queue: p50, p99,
+  requests/s (target p99 <= 100 ms). Every poller keeps one HTTP/1.1 connection open; one
+  asyncio loop drives them all (little client CPU, so the figures are mostly the server's).
 
 Also shown: CPU time the API process spent per request in each phase (from /proc, via psutil).
 The service is stopped with SIGTERM to its process group (SIGKILL after 60 s), also on errors.
@@ -22,6 +22,7 @@ The service is stopped with SIGTERM to its process group (SIGKILL after 60 s), a
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import contextlib
 import http.client
@@ -33,7 +34,6 @@ import sqlite3
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -208,59 +208,69 @@ def measure_accept(host: str, port: int, n: int, api: psutil.Process | None) -> 
     }, versions
 
 
+async def _get(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
+) -> tuple[int, bytes]:
+    """One keep-alive HTTP/1.1 GET on an open connection: (status, body)."""
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    length = next(
+        int(v) for k, _, v in (x.partition(":") for x in lines[1:]) if k.lower() == "content-length"
+    )
+    return status, await reader.readexactly(length)
+
+
 def measure_version(host: str, port: int, versions: list[str], pollers: int, seconds: float,
                     api: psutil.Process | None, stack: ApiStack | None = None) -> dict:  # fmt: skip
-    barrier = threading.Barrier(pollers + 1)
-    stop_at = [0.0]
-    per_thread: list[list[float]] = [[] for _ in range(pollers)]
+    """``pollers`` keep-alive connections, each looping GET /version/{id} with no pause, driven by one
+    asyncio loop in this thread: a light client (a thread per poller spent its time fighting over
+    the GIL, and that wait showed up in the latencies), so the figures are mostly the server's."""
+    per_poller: list[list[float]] = [[] for _ in range(pollers)]
     errors: list[str] = []
     statuses: dict[str, int] = {}
-    lock = threading.Lock()
 
-    def poll(k: int) -> None:
-        conn = Conn(host, port)
+    async def poll(k: int, start: asyncio.Event, stop_at: list[float]) -> None:
         path = f"/version/{versions[k % len(versions)]}"
-        mine, seen = per_thread[k], {}
+        request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+        reader, writer = await asyncio.open_connection(host, port)
+        mine = per_poller[k]
         try:
-            conn.request("GET", path)  # connect and warm up, not timed
-            barrier.wait()
+            await _get(reader, writer, request)  # connected and warm, not timed
+            await start.wait()
             while time.perf_counter() < stop_at[0]:
-                start = time.perf_counter()
-                status, raw = conn.request("GET", path)
-                mine.append(time.perf_counter() - start)
+                began = time.perf_counter()
+                status, body = await _get(reader, writer, request)
+                mine.append(time.perf_counter() - began)
                 if status != 200:
-                    with lock:
-                        errors.append(f"{status}: {raw[:200]!r}")
+                    errors.append(f"{status}: {body[:200]!r}")
                     continue
-                s = json.loads(raw)["status"]
-                seen[s] = seen.get(s, 0) + 1
-        except Exception as exc:  # counted, the bench goes on
-            with lock:
-                errors.append(f"{type(exc).__name__}: {exc}")
-            barrier.abort()
+                state = json.loads(body)["status"]
+                statuses[state] = statuses.get(state, 0) + 1
+        except (OSError, asyncio.IncompleteReadError, ValueError, KeyError) as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")  # counted, the bench goes on
         finally:
-            conn.close()
-            with lock:
-                for s, c in seen.items():
-                    statuses[s] = statuses.get(s, 0) + c
+            writer.close()
 
-    threads = [threading.Thread(target=poll, args=(k,), daemon=True) for k in range(pollers)]
-    for t in threads:
-        t.start()
-    stop_at[0] = time.perf_counter() + 3600  # set for real once every poller is connected
-    barrier.wait()
+    async def run_all() -> float:
+        start, stop_at = asyncio.Event(), [float("inf")]
+        tasks = [asyncio.create_task(poll(k, start, stop_at)) for k in range(pollers)]
+        await asyncio.sleep(1.0)  # every poller connects and warms up
+        began = time.perf_counter()
+        stop_at[0] = began + seconds
+        start.set()
+        await asyncio.gather(*tasks)
+        return time.perf_counter() - began
+
     cpu0, client0 = cpu_seconds(api), time.process_time()
     tree0 = tree_cpu_seconds(stack) if stack else float("nan")
     psutil.cpu_percent()
-    started = time.perf_counter()
-    stop_at[0] = started + seconds
-    for t in threads:
-        t.join(seconds + 120)
-    elapsed = time.perf_counter() - started
+    elapsed = asyncio.run(run_all())
     cpu, client_cpu = cpu_seconds(api) - cpu0, time.process_time() - client0
     host_busy = psutil.cpu_percent() / 100 * (os.cpu_count() or 1)
     tree = (tree_cpu_seconds(stack) if stack else float("nan")) - tree0
-    ms = [t * 1000 for times in per_thread for t in times]
+    ms = [t * 1000 for times in per_poller for t in times]
     if not ms:
         raise RuntimeError(f"no GET /version answered: {errors[:5]}")
     return {
