@@ -54,7 +54,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THRE
 
 
 # -- the service ---------------------------------------------------------------------------------
-def write_config(root: Path, max_queue: int) -> tuple[Path, Path]:
+def write_config(root: Path, max_queue: int, cpu_nice: int | None = None) -> tuple[Path, Path]:
     """Server YAML: 2 one-thread CPU workers, the tiny Wan model built into ``root``, free ports."""
     from shotloom.families.wan import WanAdapter
 
@@ -71,7 +71,11 @@ def write_config(root: Path, max_queue: int) -> tuple[Path, Path]:
         "step_storage": str(root / "steps"),
         "webserver": {"host": "127.0.0.1", "port": free_port()},
         "inference": {"config": str(root / "inference.yaml")},
-        "workers": {"warm": True, "devices": [{"device": "cpu", "threads": 1}] * 2},
+        "workers": {
+            "warm": True,
+            "devices": [{"device": "cpu", "threads": 1}] * 2,
+            **({} if cpu_nice is None else {"cpu_nice": cpu_nice}),
+        },
         "monitoring": {"poll_interval_seconds": 2},
         "api": {"host": "127.0.0.1", "port": free_port(), "max_queue": max_queue},
     }))  # fmt: skip
@@ -297,6 +301,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=60, help="sequential POST /r2v requests")
     p.add_argument("--pollers", type=int, default=50, help="concurrent GET /version pollers")
     p.add_argument("--seconds", type=float, default=10.0, help="how long the pollers run")
+    p.add_argument("--cpu-nice", type=int, help="workers.cpu_nice (default: the server's)")
     p.add_argument("--keep", action="store_true", help="keep the temporary state dir")
     args = p.parse_args()
     for key, value in ONE_THREAD.items():
@@ -306,7 +311,7 @@ def main() -> None:
     print(f"state under {root}", flush=True)
     stack = None
     try:
-        config, state = write_config(root, max_queue=max(1000, 2 * args.requests))
+        config, state = write_config(root, max_queue=max(1000, 2 * args.requests), cpu_nice=args.cpu_nice)
         print("starting server.py (webserver, daemon, 2 CPU workers, API) ...", flush=True)
         started = time.monotonic()
         stack = launch(config, state)

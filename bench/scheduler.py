@@ -269,8 +269,8 @@ query { workspaceOrError { __typename ... on Workspace {
 class Stack:
     """server.py with ``workers`` one-thread CPU workers in its own state dir."""
 
-    def __init__(self, root: Path, workers: int):
-        self.root, self.workers = root, workers
+    def __init__(self, root: Path, workers: int, cpu_nice: int | None = None):
+        self.root, self.workers, self.cpu_nice = root, workers, cpu_nice
         self.state = root / "state"
         self.port = free_port()
         self.config = root / "server.yaml"
@@ -284,7 +284,11 @@ class Stack:
             "state_dir": str(self.state),
             "webserver": {"host": "127.0.0.1", "port": self.port},
             "inference": {"config": str(inference)},
-            "workers": {"warm": True, "devices": [{"device": "cpu", "threads": 1}] * self.workers},
+            "workers": {
+                "warm": True,
+                "devices": [{"device": "cpu", "threads": 1}] * self.workers,
+                **({} if self.cpu_nice is None else {"cpu_nice": self.cpu_nice}),
+            },
             "media_root": str(self.root / "media"),
             "step_storage": str(self.root / "steps"),
         }))  # fmt: skip
@@ -476,6 +480,7 @@ def main() -> None:
     p.add_argument("--long-seconds", type=float, default=20.0, help="target time of the %% jobs")
     p.add_argument("--long-samples", type=int, default=5, help="long runs submitted one at a time")
     p.add_argument("--samples", type=int, default=7, help="runs submitted one at a time (latency, overhead)")
+    p.add_argument("--cpu-nice", type=int, help="workers.cpu_nice (default: the server's, 10)")
     p.add_argument("--quick", action="store_true", help="small jobs, few of them: a smoke run")
     p.add_argument("--keep", action="store_true", help="keep the temporary state dirs")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -515,7 +520,7 @@ def run(root: Path, args: argparse.Namespace) -> dict:
     tp, stacks, seq, longs = {}, {}, [], []
     try:
         for workers in (1, 2):
-            stack = Stack(root / f"{workers}w", workers)
+            stack = Stack(root / f"{workers}w", workers, args.cpu_nice)
             print(f"starting the stack with {workers} worker(s) ...", flush=True)
             try:
                 stack.start()
