@@ -118,7 +118,13 @@ class VersionViews:
             self._remember(self._views, version_id, view)
         model = view.model
         if view.queued:
-            model = model.model_copy(update={"queue_position": self._position(version_id, queue_generation)})
+            position = self._position(version_id, queue_generation)
+            if position is None:  # it left the queue between the two reads: one consistent read
+                fresh = self.store.version_view(version_id)
+                if fresh is None:
+                    return None
+                return version_response(*fresh, self.base).model_dump_json().encode()
+            model = model.model_copy(update={"queue_position": position})
         body = _Body(stamp, queue_generation if view.queued else None, model.model_dump_json().encode())
         self._remember(self._bodies, version_id, body)
         return body.data
