@@ -42,6 +42,10 @@ class DeviceConfig(_Strict):
     def _as_str(cls, v: Any) -> str:
         return str(v)
 
+    @property
+    def is_cpu(self) -> bool:
+        return self.device.partition(":")[0] == "cpu"
+
 
 class WorkersConfig(_Strict):
     warm: bool = Field(default=True, description="Load the model before taking the first run.")
@@ -57,7 +61,7 @@ class WorkersConfig(_Strict):
     def niceness(self, device: DeviceConfig) -> int:
         if device.nice is not None:
             return device.nice
-        return self.cpu_nice if device.device.partition(":")[0] == "cpu" else 0
+        return self.cpu_nice if device.is_cpu else 0
 
 
 class MonitoringConfig(_Strict):
@@ -152,11 +156,11 @@ class ServerConfig(_Strict):
         """Stable names (the registry key across restarts): cpu-0, cpu-1, ..., cuda-<id>."""
         names, cpus = [], 0
         for d in self.workers.devices:
-            kind, _, index = d.device.partition(":")
-            if kind == "cpu":
+            if d.is_cpu:
                 names.append(f"cpu-{cpus}")
                 cpus += 1
             else:
+                kind, _, index = d.device.partition(":")
                 names.append(f"cuda-{index if kind == 'cuda' else kind}")
         return names
 
