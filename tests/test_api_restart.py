@@ -66,9 +66,9 @@ def test_kill_9_of_everything_loses_nothing_and_reruns_nothing(tmp_path, wan_che
             roots = [r for r in gateway.find_runs_by_tag(VERSION_TAG, vid) if not r.root_run_id]
             # Run once (retries keep the root's id). A submit the kill cut short can leave a run
             # created but never enqueued: the follower cancels it (never started) and submits anew.
+            # (Dagster stamps a start time on a run canceled before it started, so go by status.)
             seen = [(r.run_id, r.status, r.creation_time, r.start_time) for r in roots]
-            ran = [r for r in roots if r.start_time is not None]
-            assert len(ran) == 1, (vid, seen)
+            assert [r.status for r in roots if r.status != "CANCELED"] == ["SUCCESS"], (vid, seen)
 
         wait_for(
             lambda: any(d["body"]["remote_task_id"] == done for d in receiver.delivered), 30, "a callback"
