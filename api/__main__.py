@@ -1,4 +1,4 @@
-"""``python -m api --config <server YAML>``: serve the R2V scheduler API (one Uvicorn process).
+"""``python -m api --config <server YAML>``: serve the HTTP API (one Uvicorn process).
 
 server.py starts it beside the Dagster webserver, daemon and device workers. It reaches Dagster
 only through the webserver's GraphQL endpoint, and never imports torch.
@@ -11,10 +11,11 @@ import logging
 
 import uvicorn
 
-from api.app import ApiContext, create_app
+from api.app import create_app
+from api.context import ApiContext
+from api.core.jobs import JobService
 from api.dagster_client import DagsterGateway
 from api.follower import Follower
-from api.service import Intake
 from api.store import Store
 from orchestration.server_config import ServerConfig
 from shotloom.config import REPO_ROOT, load_inference_config
@@ -26,14 +27,16 @@ def build_context(cfg: ServerConfig) -> ApiContext:
     web = cfg.webserver
     gateway = DagsterGateway("127.0.0.1" if web.host in ("0.0.0.0", "::") else web.host, web.port)
     follower = Follower(store, gateway, api, cfg.state_dir)
-    intake = Intake(
+    inference = load_inference_config(cfg.inference.config)
+    jobs = JobService(
         store,
         api,
         cfg.state_dir,
         cfg.media_root,
         on_accept=follower.poke,
         capabilities=follower.capabilities,
-        defaults=load_inference_config(cfg.inference.config).defaults,
+        defaults=inference.defaults,
+        terminate=lambda run_id: gateway.terminate(run_id, wait_starting_s=0),
     )
     config = cfg.inference.config
     return ApiContext(
@@ -41,16 +44,19 @@ def build_context(cfg: ServerConfig) -> ApiContext:
         store=store,
         gateway=gateway,
         follower=follower,
-        intake=intake,
+        jobs=jobs,
         media_root=cfg.media_root,
         worker_names=cfg.worker_names(),
         inference_config=str(config.relative_to(REPO_ROOT) if config.is_relative_to(REPO_ROOT) else config),
+        inference=inference,
         residency_policy=cfg.runtime.dit_residency,
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Serve the R2V scheduler HTTP API.")
+    parser = argparse.ArgumentParser(
+        description="Serve the HTTP API (R2V scheduler and OpenAI-compatible /v1)."
+    )
     parser.add_argument("--config", required=True, help="server YAML")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -19,14 +19,17 @@ from typing import Any
 
 import httpx
 
+from api.core.jobs import VERSION_TAG, VIDEO_KIND
 from api.dagster_client import WILL_RETRY_TAG, DagsterGateway, DagsterUnavailable, RunInfo
-from api.service import VERSION_TAG, VIDEO_KIND
 from api.settings import ApiConfig
 from api.store import JobRecord, Store, backoff_delay
 from orchestration.launcher import WORKER_TAG, WorkerError, call_worker, read_workers
 from shotloom import stages
 
 log = logging.getLogger("shotloom.api")
+STILLS = ("thumbnail", "spritesheet")  # image artifacts recorded beside each video
+IMAGE_KIND = "image"
+CANCEL_RETRY_S = 5.0
 
 DELIVERY_HEADER = "X-Shotloom-Delivery-Id"
 RETRY_GRACE_S = 120.0  # a failed run marked will_retry whose retry never appears is failed after this
@@ -69,6 +72,7 @@ class Follower:
         self._failed_seen: dict[str, float] = {}
         self._boot = time.time()
         self._uncertain: set[str] = set()  # versions whose submit raised: a run may exist
+        self._cancel_asked: dict[str, float] = {}  # version -> when its run was last asked to stop
         self.started = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -143,8 +147,18 @@ class Follower:
                     self.counters["reconciled"] += 1
                     log.info("version %s: adopted run %s", job.version_id, roots[-1].run_id)
                     continue
+            if job.cancel_requested_at is not None:  # cancelled before it reached Dagster
+                self.store.update_status(
+                    job.version_id, status="cancelled", stage=stages.CANCELED, error=None
+                )
+                continue
             req = job.request
-            tags = {VERSION_TAG: job.version_id, "shotloom/work_id": job.work_id}
+            tags = {
+                VERSION_TAG: job.version_id,
+                "shotloom/work_id": job.work_id,
+                "shotloom/api": job.dialect,
+                "user": job.submitter or "api",
+            }
             if job.shot_id:
                 tags["shotloom/shot_id"] = job.shot_id
             self._uncertain.add(job.version_id)
@@ -172,6 +186,7 @@ class Follower:
 
     # -- follow ---------------------------------------------------------------------------------
     def follow_runs(self) -> None:
+        self.cancel_requested()
         jobs = self.store.unfinished()
         if not jobs:
             return
@@ -180,6 +195,21 @@ class Follower:
             info = runs.get(job.run_id or "")
             if info is not None:
                 self._apply(job, info)
+
+    def cancel_requested(self) -> None:
+        """Cancel requests are durable: a run whose terminate did not take (the webserver was
+        down, the run was still being submitted) is asked again, every few seconds."""
+        now = time.monotonic()
+        for job in self.store.cancel_requested():
+            if job.run_id is None or now - self._cancel_asked.get(job.version_id, 0.0) < CANCEL_RETRY_S:
+                continue
+            self._cancel_asked[job.version_id] = now
+            try:
+                self.gateway.terminate(job.run_id, wait_starting_s=0)
+            except Exception as exc:
+                log.warning(
+                    "version %s: cancel of run %s failed, will retry: %s", job.version_id, job.run_id, exc
+                )
 
     def _apply(self, job: JobRecord, run: RunInfo) -> None:
         if run.status == "SUCCESS":
@@ -227,10 +257,28 @@ class Follower:
                 url_path="/media/" + path,
                 bytes=_int(meta.get("bytes")),
                 sha256=meta.get("sha256"),
-                metadata={k: v for k, v in meta.items() if k not in ("path", "sha256", "bytes")},
+                metadata={
+                    k: v
+                    for k, v in meta.items()
+                    if k not in ("path", "sha256", "bytes") and not k.startswith(STILLS)
+                },
                 shot_id=job.shot_id,
             )
             artifacts.append(art)
+            for role in STILLS:  # the thumbnail and spritesheet made when the video was written
+                still = meta.get(role)
+                if isinstance(still, str):
+                    self.store.add_artifact(
+                        job.version_id,
+                        kind=IMAGE_KIND,
+                        role=role,
+                        path=still,
+                        url_path="/media/" + still,
+                        bytes=_int(meta.get(f"{role}_bytes")),
+                        sha256=meta.get(f"{role}_sha256"),
+                        metadata={"grid": meta["spritesheet_grid"]} if role == "spritesheet" else {},
+                        shot_id=job.shot_id,
+                    )
         result: dict[str, Any] = {"run_id": run.run_id}
         if artifacts:
             main = artifacts[0]
@@ -261,11 +309,12 @@ class Follower:
         canceled = run.status == "CANCELED"
         error = run.error_summary() or ("canceled" if canceled else "the run failed")
         live = self._live(run)
+        cancelled = canceled and job.cancel_requested_at is not None  # a client asked for it
         record = self.store.update_status(
             job.version_id,
-            status="failed",
+            status="cancelled" if cancelled else "failed",
             stage=stages.CANCELED if canceled else stages.FAILED,
-            error=error,
+            error=None if cancelled else error,
             result={"run_id": run.run_id},
             live=live,
         )
@@ -342,13 +391,13 @@ def callback_payload(job: JobRecord, store: Store, api: ApiConfig) -> dict[str, 
         "remote_task_id": job.version_id,
         "task_id": job.version_id,
         "version_id": job.version_id,
-        "status": job.status,
+        "status": "failed" if job.status == "cancelled" else job.status,  # the r2v spec's four
         "status_url": f"{base}/version/{job.version_id}",
     }
     if job.callback_context is not None:
         payload["callback_context"] = job.callback_context
-    if job.status == "failed":
-        payload["error"] = job.error or "failed"
+    if job.status in ("failed", "cancelled"):
+        payload["error"] = job.error or job.status
     elif job.kind == "merge":
         payload["result"] = {"video_url": result.get("video_url"), "artifacts": artifacts}
     else:

@@ -6,6 +6,7 @@ Pure pydantic: no Dagster, no torch. Relative paths are resolved by the caller (
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,6 +41,32 @@ class InputPolicy(_Strict):
         return self.model_copy(update={"allowed_roots": roots})
 
 
+class OpenAIConfig(_Strict):
+    """The OpenAI-compatible dialect (``/v1``)."""
+
+    served_model_name: str | None = Field(
+        default=None, description="The public model id; default: the checkpoint folder's name."
+    )
+    default_work: str = Field(
+        default="openai",
+        min_length=1,
+        description="The work (lineage, memory by shot_id, merges) /v1 videos belong to unless "
+        "extra_params.work_id names another.",
+    )
+    max_seconds: float = Field(default=15.0, gt=0, description="Longest clip a request may ask for.")
+    default_request: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Operator defaults for /v1/videos fields (same names as the request); a field the "
+        "client sets wins, these win over the model's preset.",
+    )
+    unknown_fields: Literal["reject", "warn"] = Field(
+        default="reject", description="Unknown top-level request fields: 400, or a logged warning."
+    )
+    sync_timeout_seconds: float = Field(
+        default=600.0, gt=0, description="POST /v1/videos/sync answers 504 (naming the job) past this."
+    )
+
+
 class ApiConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8221, ge=1, le=65535)
@@ -56,6 +83,7 @@ class ApiConfig(_Strict):
         default=100, ge=1, description="Queued jobs (per kind) past which POST answers 503."
     )
     inputs: InputPolicy = Field(default_factory=InputPolicy)
+    openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
 
     def base_url(self) -> str:
         """Public base URL without a trailing slash."""

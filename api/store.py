@@ -46,9 +46,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 JobKind = Literal["r2v", "merge"]
-JobStatus = Literal["queued", "running", "succeeded", "failed"]
-STATUSES: tuple[str, ...] = ("queued", "running", "succeeded", "failed")
-FINISHED: tuple[str, ...] = ("succeeded", "failed")
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+STATUSES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
+FINISHED: tuple[str, ...] = ("succeeded", "failed", "cancelled")
 DeliveryStatus = Literal["pending", "delivered", "gave_up"]
 
 __all__ = [
@@ -122,12 +122,18 @@ class Job(Base):
     # What the status follower last read from Dagster: stage times, progress, worker (kept so
     # GET /version answers from this store alone, fast, and the same after a restart).
     live: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Which HTTP dialect created the job ('r2v' or 'openai'), the API key's name that submitted it, and
+    # when a cancel was asked for (migration 0002_v1_jobs; jobs from before it read back as 'r2v').
+    dialect: Mapped[str] = mapped_column(String(16), default="r2v", server_default="r2v")
+    submitter: Mapped[str | None] = mapped_column(String(255))
+    cancel_requested_at: Mapped[float | None] = mapped_column(Float)
 
     __table_args__ = (
         Index("ix_jobs_kind_status_created", "kind", "status", "created_at"),
         Index("ix_jobs_shot", "work_id", "shot_id", "status"),
         Index("ix_jobs_run_id", "run_id"),
         Index("ix_jobs_submitted", "submitted_at"),
+        Index("ix_jobs_dialect_created", "dialect", "created_at"),
     )
 
 
@@ -199,6 +205,8 @@ class NewJob:
     callback_url: str | None = None
     callback_context: dict[str, Any] | None = None
     version_id: str | None = None  # default: a fresh uuid4 hex
+    dialect: str = "r2v"  # the HTTP dialect that created the job: 'r2v' or 'openai'
+    submitter: str | None = None  # the submitting API key's name
 
 
 @dataclass(frozen=True)
@@ -223,6 +231,9 @@ class JobRecord:
     finished_at: float | None
     result: dict[str, Any] | None
     live: dict[str, Any] | None = None
+    dialect: str = "r2v"
+    submitter: str | None = None
+    cancel_requested_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -293,6 +304,9 @@ def _job_record(row: Job) -> JobRecord:
         finished_at=row.finished_at,
         result=row.result,
         live=row.live,
+        dialect=row.dialect,
+        submitter=row.submitter,
+        cancel_requested_at=row.cancel_requested_at,
     )
 
 
@@ -340,6 +354,13 @@ def _delivery_record(row: CallbackOutbox) -> CallbackDelivery:
 
 class _Unset:
     pass
+
+
+def _started_at(live: dict[str, Any] | None) -> float | None:
+    """The first stage a worker stamped (claimed...), from the follower's live snapshot."""
+    times = (live or {}).get("stage_times") or {}
+    stamps = [t for stage, t in times.items() if stage != "queued" and isinstance(t, int | float)]
+    return min(stamps) if stamps else None
 
 
 _UNSET: Any = _Unset()
@@ -427,12 +448,20 @@ class Store:
             self.create_schema()
 
     def create_schema(self) -> None:
+        """Bring the schema to the newest Alembic revision (api/migrations): a new database runs them
+        all, one from the release before migrations (tables, no alembic_version) is stamped at the
+        baseline and upgraded in place. Already current (the usual start): one read, nothing else."""
+        from api import migrations
+
         if self.engine.dialect.name == "postgresql":
-            # CREATE TABLE IF-missing checks race between processes starting at once; DDL is
-            # transactional here, so take a transaction-scoped advisory lock and create under it.
+            with self.engine.connect() as conn:
+                if migrations.is_current(conn):
+                    return
+            # Migration checks race between processes starting at once; DDL is transactional here,
+            # so take a transaction-scoped advisory lock and upgrade (re-checked) under it, atomically.
             with self.engine.begin() as conn:
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
-                Base.metadata.create_all(conn)
+                migrations.upgrade(conn)
             return
         database = self.engine.url.database
         if database and database != ":memory:" and not database.startswith("file:"):
@@ -441,9 +470,16 @@ class Store:
             from filelock import FileLock
 
             with FileLock(database + ".lock"):
-                Base.metadata.create_all(self.engine)
+                self._upgrade_sqlite(migrations)
             return
-        Base.metadata.create_all(self.engine)
+        self._upgrade_sqlite(migrations)
+
+    def _upgrade_sqlite(self, migrations: Any) -> None:
+        with self._read_engine.connect() as conn:  # deferred BEGIN: no write lock just to look
+            if migrations.is_current(conn):
+                return
+        with self.engine.begin() as conn:  # BEGIN IMMEDIATE: every revision in one transaction
+            migrations.upgrade(conn)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -505,6 +541,8 @@ class Store:
                     stage="queued",
                     created_at=now,
                     updated_at=now,
+                    dialect=job.dialect,
+                    submitter=job.submitter,
                 )
                 s.add(row)
                 s.flush()  # the job first: the key's foreign key points at it
@@ -692,6 +730,91 @@ class Store:
             .order_by(Artifact.created_at, Artifact.artifact_id)
         ).all()
         return [_artifact_record(a) for a in rows]
+
+    def request_cancel(self, version_id: str) -> JobRecord:
+        """Record that a client asked to stop the job (durable: the follower acts on it)."""
+        with self._write() as s:
+            row = self._job_for_update(s, version_id)
+            if row.cancel_requested_at is None:
+                row.cancel_requested_at = row.updated_at = time.time()
+            return _job_record(row)
+
+    def cancel_requested(self) -> list[JobRecord]:
+        """Unfinished jobs a client asked to stop."""
+        with self._read() as s:
+            rows = s.scalars(
+                select(Job).where(Job.cancel_requested_at.is_not(None), Job.status.in_(("queued", "running")))
+            ).all()
+            return [_job_record(r) for r in rows]
+
+    def list_jobs(
+        self,
+        dialect: str,
+        *,
+        after: str | None = None,
+        limit: int = 20,
+        order: Literal["asc", "desc"] = "desc",
+    ) -> tuple[list[JobRecord], bool]:
+        """One page of a dialect's jobs by creation time, after the job ``after`` (exclusive);
+        and whether more follow. An unknown ``after`` raises :class:`UnknownVersion`."""
+        with self._read() as s:
+            q = select(Job).where(Job.dialect == dialect)
+            key = tuple_(Job.created_at, Job.version_id)
+            if after is not None:
+                anchor = s.get(Job, after)
+                if anchor is None or anchor.dialect != dialect:
+                    raise UnknownVersion(after)
+                mark = tuple_(anchor.created_at, anchor.version_id)
+                q = q.where(key > mark if order == "asc" else key < mark)
+            if order == "asc":
+                q = q.order_by(Job.created_at, Job.version_id)
+            else:
+                q = q.order_by(Job.created_at.desc(), Job.version_id.desc())
+            rows = s.scalars(q.limit(limit + 1)).all()
+            return [_job_record(r) for r in rows[:limit]], len(rows) > limit
+
+    def delete_job(self, version_id: str) -> list[str]:
+        """Remove a job with its idempotency keys, artifacts and callback; returns the artifact
+        paths (relative to media_root) for the caller to remove from disk."""
+        with self._write() as s:
+            row = self._job_for_update(s, version_id)
+            arts = s.scalars(select(Artifact).where(Artifact.version_id == version_id)).all()
+            paths = [a.path for a in arts]
+            for art in arts:
+                s.delete(art)
+            for key in s.scalars(select(IdempotencyKey).where(IdempotencyKey.version_id == version_id)).all():
+                s.delete(key)
+            for out in s.scalars(select(CallbackOutbox).where(CallbackOutbox.version_id == version_id)).all():
+                s.delete(out)
+            s.flush()
+            s.delete(row)
+            return paths
+
+    def recent_durations(self, limit: int) -> list[float]:
+        """Wall seconds from claim (or submission) to end of the newest succeeded shots."""
+        with self._read() as s:
+            rows = s.execute(
+                select(Job.finished_at, Job.submitted_at, Job.live)
+                .where(Job.kind == "r2v", Job.status == "succeeded", Job.finished_at.is_not(None))
+                .order_by(Job.finished_at.desc())
+                .limit(limit)
+            ).all()
+        out = []
+        for finished, submitted, live in rows:
+            start = _started_at(live) or submitted
+            if start is not None and finished >= start:
+                out.append(finished - start)
+        return out
+
+    def oldest_running_start(self) -> float | None:
+        """When the longest-running shot started (claimed by a worker), if any runs."""
+        with self._read() as s:
+            rows = s.execute(
+                select(Job.live, Job.submitted_at).where(Job.kind == "r2v", Job.status == "running")
+            ).all()
+        starts = [_started_at(live) or submitted for live, submitted in rows]
+        starts = [t for t in starts if t is not None]
+        return min(starts) if starts else None
 
     def counts_by_status(self, kind: JobKind) -> dict[str, int]:
         """{queued, running, succeeded, failed: n} for one kind (zeros included)."""

@@ -10,6 +10,10 @@ from ops.types import FilmArtifact
 from resources.media_store import MediaStoreResource
 from shotloom import stages
 
+# Frames in the film's spritesheet (3x3). A constant: the merge job has no inference YAML, whose
+# defaults.spritesheet_frames sets the shots' count.
+FILM_SPRITESHEET_FRAMES = 9
+
 
 class MergeConfig(Config):
     work_id: str = Field(description="Work the film belongs to (partition of the film asset).")
@@ -29,6 +33,8 @@ def merge_op(context: OpExecutionContext, config: MergeConfig, media: MediaStore
     output = media.film_path(config.work_id, context.run_id)
     result = merge_mp4(inputs, output)
     info = result.info
+    # The film's frames are not in memory: only the stills' frames are decoded, by seeking.
+    stills = media.write_stills(output, output, FILM_SPRITESHEET_FRAMES)
     artifact = FilmArtifact(
         work_id=config.work_id,
         path=media.relative(output),
@@ -49,6 +55,7 @@ def merge_op(context: OpExecutionContext, config: MergeConfig, media: MediaStore
             **{k: v for k, v in artifact.__dict__.items() if k != "shots"},
             "size": f"{artifact.width}x{artifact.height}",
             "shots": ", ".join(config.shot_ids) or ", ".join(config.inputs),
+            **stills,
         },
     )
     yield Output(artifact)

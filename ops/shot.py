@@ -192,7 +192,8 @@ def decode_op(context: OpExecutionContext, latents, runtime: ModelRuntimeResourc
 
 @op(ins={"decoded": In(DecodedBundle)}, out=Out(ShotArtifact), tags={"stage": "writing"})
 def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource, media: MediaStoreResource):
-    """Write the MP4 and record it as a materialization of the shot asset."""
+    """Write the MP4 (plus thumbnail and spritesheet PNGs beside it) and record them as a
+    materialization of the shot asset: ``path`` is the MP4, ``thumbnail``/``spritesheet`` the PNGs."""
     from shotloom.runtime import bundle_to_decoded, media_summary
 
     start = time.perf_counter()
@@ -201,7 +202,10 @@ def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource
     req = _request(decoded)
     work_id, shot_id = decoded.meta["work_id"], decoded.meta["shot_id"]
     output = media.shot_path(work_id, shot_id, context.run_id)
-    summary = media_summary(rt.write(bundle_to_decoded(decoded), req, output))
+    frames = bundle_to_decoded(decoded)
+    summary = media_summary(rt.write(frames, req, output))
+    # Thumbnail + spritesheet beside the MP4, from the frames in memory (no decode of the MP4).
+    stills = media.write_stills(frames.frames, output, rt.cfg.defaults.spritesheet_frames)
     timings = _timed(decoded.meta, "write", start)
     artifact = ShotArtifact(
         work_id=work_id,
@@ -225,6 +229,7 @@ def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource
             "size": f"{artifact.width}x{artifact.height}",
             "cache_hit": bool(decoded.meta.get("cache_hit")),
             "stage_timings": timings,
+            **stills,
         },
     )
     yield Output(artifact)

@@ -70,6 +70,12 @@ class Defaults(_Strict):
     num_frames: int = Field(default=17, gt=0)
     fps: int = Field(default=16, gt=0)
     negative_prompt: str = ""
+    spritesheet_frames: int = Field(
+        default=9,
+        ge=1,
+        description="Evenly spaced frames in each shot's spritesheet PNG (9: a 3x3 grid; "
+        "a shorter clip gives every frame).",
+    )
 
 
 class Tiling(_Strict):

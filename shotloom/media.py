@@ -8,7 +8,7 @@ stream-copied across files (the priming packets would land mid-film): merges dec
 encode it once, each segment padded or trimmed to its video length so shots stay in sync.
 
 Every output is written to a hidden temp file in the target directory and renamed into place, so a
-reader never sees a partial MP4.
+reader never sees a partial MP4 (or PNG: thumbnails and spritesheets are written the same way).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import hashlib
 import math
 import os
 import wave
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
@@ -36,18 +36,30 @@ AAC_RATES = frozenset(av.Codec("aac", "w").audio_rates or ())
 # faststart puts the index first so a browser (the Dagster UI, an API client) can play while loading.
 _MUX_OPTIONS = {"movflags": "+faststart"}
 
+SPRITESHEET_FRAMES = 9  # default cells of a spritesheet (a 3x3 grid)
+SPRITESHEET_CELL_WIDTH = 160  # px: cells are downscaled to at most this width, keeping aspect
+
 __all__ = [
+    "SPRITESHEET_CELL_WIDTH",
+    "SPRITESHEET_FRAMES",
+    "ImageInfo",
     "MediaInfo",
     "MergeResult",
+    "SpritesheetInfo",
     "extract_audio_wav",
     "extract_frame",
+    "file_sha256",
     "iter_frames",
     "merge_mp4",
     "probe",
     "read_audio",
     "read_frames",
+    "read_frames_at",
+    "spritesheet_indexes",
     "write_mp4",
     "write_mp4_stream",
+    "write_spritesheet",
+    "write_thumbnail",
 ]
 
 
@@ -76,6 +88,31 @@ class MergeResult:
     frames: int
     duration_s: float
     info: MediaInfo
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """A written PNG (thumbnail or spritesheet)."""
+
+    path: Path
+    width: int
+    height: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class SpritesheetInfo(ImageInfo):
+    frames: tuple[int, ...]  # indexes of the video frames in the cells, row-major
+    columns: int
+    rows: int
+    cell_width: int
+    cell_height: int
+
+    @property
+    def grid(self) -> str:
+        """``"<columns>x<rows>"``, e.g. ``"3x3"``."""
+        return f"{self.columns}x{self.rows}"
 
 
 # -- small helpers ------------------------------------------------------------------------------
@@ -457,6 +494,163 @@ def extract_frame(path: str | Path, index: int | None = None) -> Image.Image:
         if i == index:
             return Image.fromarray(frame)
     raise ValueError(f"{path}: decoded fewer than {index + 1} frames")
+
+
+def _frame_count(path: Path) -> int:
+    """Exact video frame count from one demux pass (no decoding)."""
+    with _open_input(path) as c:
+        if not c.streams.video:
+            raise ValueError(f"{path} has no video stream")
+        try:
+            return _scan(c)[0].packets
+        except av.FFmpegError as e:
+            raise ValueError(f"cannot read media file {path}: {e}") from e
+
+
+def read_frames_at(path: str | Path, indexes: Sequence[int]) -> np.ndarray:
+    """The frames at ``indexes`` (0-based, presentation order) as (len(indexes), H, W, 3) uint8.
+
+    Each frame is reached by seeking to the keyframe at or before it and decoding forward, so a long
+    film costs a few GOPs rather than a full decode. Frame i is the one shown at start + i / fps;
+    a file whose timestamps do not allow that (no rate, missing pts) is decoded sequentially instead.
+    """
+    path = Path(path)
+    wanted = sorted(set(indexes))
+    if wanted and wanted[0] < 0:
+        raise ValueError(f"frame index {wanted[0]} out of range for {path}")
+    found: dict[int, np.ndarray] = {}
+    with _open_input(path) as c:
+        if not c.streams.video:
+            raise ValueError(f"{path} has no video stream")
+        v = c.streams.video[0]
+        fps = Fraction(v.average_rate or v.guessed_rate or 0)
+        if fps and v.time_base:
+            try:
+                found = _seek_frames(c, v, fps, wanted)
+            except av.FFmpegError:
+                found = {}
+    if len(found) < len(wanted):  # seeking did not work for this file: one sequential pass
+        found = {}
+        for k, frame in enumerate(iter_frames(path)):
+            if k in wanted:
+                found[k] = frame
+            if k >= wanted[-1]:
+                break
+    missing = [i for i in wanted if i not in found]
+    if missing:
+        raise ValueError(f"frame index {missing[0]} out of range for {path}")
+    return np.stack([found[i] for i in indexes]) if indexes else np.zeros((0, 0, 0, 3), np.uint8)
+
+
+def _seek_frames(c: Any, v: Any, fps: Fraction, wanted: list[int]) -> dict[int, np.ndarray]:
+    """Seek-and-decode each wanted frame; stops early (returns fewer) if timestamps do not fit."""
+    tb = Fraction(v.time_base)
+    start = v.start_time or 0
+    half = Fraction(1, 2) / fps / tb  # half a frame, in time-base units
+    found: dict[int, np.ndarray] = {}
+    for i in wanted:
+        target = start + Fraction(i) / fps / tb
+        c.seek(math.floor(target), stream=v, backward=True, any_frame=False)
+        for frame in c.decode(v):
+            if frame.pts is None:
+                return found
+            if frame.pts > target + half:  # landed past the target: the seek is not usable
+                return found
+            if frame.pts >= target - half:
+                found[i] = frame.to_ndarray(format="rgb24")
+                break
+        else:
+            return found  # past the end: the caller reports it
+    return found
+
+
+# -- stills: thumbnail and spritesheet ----------------------------------------------------------
+
+
+def spritesheet_indexes(n_frames: int, count: int = SPRITESHEET_FRAMES) -> list[int]:
+    """``count`` evenly spaced frame indexes from first to last frame (every frame if fewer)."""
+    if n_frames < 1:
+        raise ValueError(f"a clip needs at least one frame, got {n_frames}")
+    if count < 1:
+        raise ValueError(f"spritesheet count must be at least 1, got {count}")
+    if n_frames <= count:
+        return list(range(n_frames))
+    if count == 1:
+        return [n_frames // 2]
+    # round(i * (n - 1) / (count - 1)) with integers, half up: distinct since n > count
+    return [(2 * i * (n_frames - 1) + count - 1) // (2 * (count - 1)) for i in range(count)]
+
+
+FrameSource = np.ndarray | str | os.PathLike
+
+
+def _frames_from(source: FrameSource, choose: Callable[[int], list[int]]) -> tuple[list[int], np.ndarray]:
+    """(indexes, frames) picked by ``choose(n_frames)`` from (F, H, W, 3) uint8 frames or a video file."""
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        indexes = choose(_frame_count(path))
+        return indexes, read_frames_at(path, indexes)
+    frames = np.asarray(source)
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] < 1:
+        raise ValueError(f"frames must be (F, H, W, 3) with F >= 1, got shape {frames.shape}")
+    if frames.dtype != np.uint8:
+        raise ValueError(f"frames must be uint8, got {frames.dtype}")
+    indexes = choose(frames.shape[0])
+    return indexes, frames[indexes]
+
+
+def _save_png(image: Image.Image, path: Path) -> ImageInfo:
+    with _atomic_output(path) as tmp:
+        image.save(tmp, format="PNG")
+    return ImageInfo(path, image.width, image.height, path.stat().st_size, file_sha256(path))
+
+
+def write_thumbnail(frames_or_video: FrameSource, path: str | Path) -> ImageInfo:
+    """A PNG of the middle frame (index F // 2, as :func:`extract_frame`), at the video's size.
+
+    ``frames_or_video``: the (F, H, W, 3) uint8 frames already in memory (nothing is decoded), or a
+    video file (only that frame is decoded, by seeking).
+    """
+    _, frames = _frames_from(frames_or_video, lambda n: [n // 2])
+    return _save_png(Image.fromarray(frames[0]), Path(path))
+
+
+def write_spritesheet(
+    frames_or_video: FrameSource,
+    path: str | Path,
+    count: int = SPRITESHEET_FRAMES,
+    max_cell_width: int = SPRITESHEET_CELL_WIDTH,
+) -> SpritesheetInfo:
+    """A PNG grid of ``count`` evenly spaced frames (:func:`spritesheet_indexes`), row-major.
+
+    The grid is ceil(sqrt(k)) columns by as many rows as needed for the k frames used (3x3 for 9;
+    a clip with fewer than ``count`` frames gives every frame). Each cell is its frame downscaled
+    so the cell is at most ``max_cell_width`` px wide, keeping the aspect ratio (never upscaled);
+    cells of a last, partial row are left black.
+    """
+    if max_cell_width < 1:
+        raise ValueError(f"max_cell_width must be at least 1, got {max_cell_width}")
+    indexes, frames = _frames_from(frames_or_video, lambda n: spritesheet_indexes(n, count))
+    k, height, width = frames.shape[0], frames.shape[1], frames.shape[2]
+    columns = math.isqrt(k - 1) + 1  # ceil(sqrt(k))
+    rows = -(-k // columns)
+    cell_w = min(width, max_cell_width)
+    cell_h = max(1, round(height * cell_w / width))
+    sheet = Image.new("RGB", (columns * cell_w, rows * cell_h))
+    for j, frame in enumerate(frames):
+        cell = Image.fromarray(frame)
+        if (cell_w, cell_h) != (width, height):
+            cell = cell.resize((cell_w, cell_h), Image.Resampling.LANCZOS)
+        sheet.paste(cell, ((j % columns) * cell_w, (j // columns) * cell_h))
+    img = _save_png(sheet, Path(path))
+    return SpritesheetInfo(
+        **img.__dict__,
+        frames=tuple(indexes),
+        columns=columns,
+        rows=rows,
+        cell_width=cell_w,
+        cell_height=cell_h,
+    )
 
 
 def _frame_to_float(frame: av.AudioFrame) -> np.ndarray:

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from api.schemas import MergeRequest, R2VRequest
-from api.service import ApiError, Intake
+from api.core.jobs import JobService
+from api.r2v.protocol import MergeRequest, R2VRequest
+from api.r2v.serving import ApiError, R2VServing
 from api.settings import ApiConfig
 from api.store import Store
 from shotloom.media import write_mp4
@@ -44,9 +45,10 @@ def store(tmp_path) -> Store:
     s.close()
 
 
-def make_intake(tmp_path, store, caps=None, **api) -> tuple[Intake, list[int]]:
+def make_intake(tmp_path, store, caps=None, **api) -> tuple[R2VServing, list[int]]:
+    """The R2V dialect's serving layer on a real job service."""
     pokes: list[int] = []
-    intake = Intake(
+    jobs = JobService(
         store,
         ApiConfig(**api),
         tmp_path / "state",
@@ -54,7 +56,7 @@ def make_intake(tmp_path, store, caps=None, **api) -> tuple[Intake, list[int]]:
         on_accept=lambda: pokes.append(1),
         capabilities=lambda: caps,
     )
-    return intake, pokes
+    return R2VServing(jobs), pokes
 
 
 def r2v(**fields) -> R2VRequest:

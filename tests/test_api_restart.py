@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from api.core.jobs import VERSION_TAG, JobService
 from api.dagster_client import DagsterGateway
-from api.schemas import R2VRequest
-from api.service import VERSION_TAG, Intake
+from api.r2v.protocol import R2VRequest
 from api.settings import ApiConfig
 from api.store import Store
 
@@ -44,8 +44,8 @@ def test_kill_9_of_everything_loses_nothing_and_reruns_nothing(tmp_path, wan_che
         # Accepted while the service was down, as if the API died between answering and submitting.
         api_cfg = ApiConfig.model_validate(settings["api"])
         store = Store(api_cfg.resolved_database_url(state))
-        orphan = Intake(store, api_cfg, state, state / "media").accept_r2v(
-            R2VRequest.model_validate(shot("orphan")), None
+        orphan = JobService(store, api_cfg, state, state / "media").accept_shot(
+            R2VRequest.model_validate(shot("orphan")).to_spec()
         )
         store.close()
 

@@ -153,8 +153,20 @@ def test_status_updates_and_queue_positions(store):
     failed = store.update_status(ids[1], status="failed", stage="failed", error="boom")
     assert failed.error == "boom"
     assert store.queue_position(ids[2]) == 1
-    assert store.counts_by_status("r2v") == {"queued": 1, "running": 0, "succeeded": 1, "failed": 1}
-    assert store.counts_by_status("merge") == {"queued": 1, "running": 0, "succeeded": 0, "failed": 0}
+    assert store.counts_by_status("r2v") == {
+        "queued": 1,
+        "running": 0,
+        "succeeded": 1,
+        "failed": 1,
+        "cancelled": 0,
+    }
+    assert store.counts_by_status("merge") == {
+        "queued": 1,
+        "running": 0,
+        "succeeded": 0,
+        "failed": 0,
+        "cancelled": 0,
+    }
     with pytest.raises(ValueError):
         store.update_status(ids[2], status="exploded")
 
@@ -382,7 +394,7 @@ def test_version_bodies_follow_every_change_they_show_and_only_those(store):
     change re-reads positions once for every queue, not each queued job's row."""
     import json
 
-    from api.views import VersionViews
+    from api.r2v.views import VersionViews
 
     ids = [store.accept(_job(shot_id=f"s{i}")).version_id for i in range(3)]
     views = VersionViews(store, "http://api")
@@ -418,7 +430,7 @@ def test_a_queued_body_never_shows_no_position(store):
     here by a positions snapshot without it) is answered from one consistent read instead."""
     import json
 
-    from api.views import VersionViews
+    from api.r2v.views import VersionViews
 
     v = store.accept(_job()).version_id
     views = VersionViews(store, "http://api")

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from dagster import AssetKey, instance_for_test
+from PIL import Image
 
 from ops.assets import FILM_KEY, SHOT_KEY
 from orchestration.definitions import defs
 from shotloom import media, stages
 from shotloom.admission import FakeProbe
 from shotloom.runtime import get_runtime
+
+from conftest import write_inference_yaml
 
 
 @pytest.fixture
@@ -67,6 +71,66 @@ def test_r2v_job_writes_mp4_and_materializes_shot(instance, tmp_path, wan_config
     assert meta["checkpoint"].startswith("wan:")
     assert set(meta["stage_timings"]) == {"condition", "denoise", "decode", "write"}
     assert instance.get_dynamic_partitions("works") == ["w1"]
+    # stills beside the MP4, default spritesheet of 9 evenly spaced frames
+    assert meta["thumbnail"] == str(Path(artifact.path).with_name("thumbnail.png"))
+    assert meta["spritesheet_grid"] == "3x3" and meta["spritesheet_frames"] == list(range(0, 17, 2))
+
+
+def assert_stills(meta: dict, media_root: Path, video: Path, count: int, grid: str) -> None:
+    """Thumbnail and spritesheet recorded on a materialization: beside the MP4, under the media root,
+    decodable, with the recorded bytes/sha256; the thumbnail is the video's middle frame."""
+    assert meta["path"].endswith(".mp4")  # ``path`` stays the video
+    frames = media.read_frames(video)
+    for key, name in (("thumbnail", "thumbnail.png"), ("spritesheet", "spritesheet.png")):
+        rel = meta[key]
+        assert isinstance(rel, str) and not rel.startswith("/") and Path(rel).name == name
+        path = media_root / rel
+        assert path.parent == video.parent and path.resolve().is_relative_to(media_root.resolve())
+        assert meta[f"{key}_bytes"] == path.stat().st_size
+        assert meta[f"{key}_sha256"] == media.file_sha256(path)
+        with Image.open(path) as im:
+            im.load()
+            assert im.format == "PNG"
+            if key == "thumbnail":
+                assert im.size == (frames.shape[2], frames.shape[1])
+                middle = frames[len(frames) // 2].astype(int)
+                # the shot's frame before encoding vs decoded back: within codec tolerance
+                assert np.abs(np.asarray(im.convert("RGB")).astype(int) - middle).mean() < 4
+            else:
+                columns, rows = (int(x) for x in grid.split("x"))
+                cell_w = min(frames.shape[2], 160)
+                assert im.size == (columns * cell_w, rows * round(frames.shape[1] * cell_w / frames.shape[2]))
+    assert meta["spritesheet_grid"] == grid
+    assert meta["spritesheet_frames"] == media.spritesheet_indexes(len(frames), count)
+
+
+def test_shot_and_film_get_thumbnail_and_spritesheet(instance, tmp_path, wan_checkpoint):
+    # the spritesheet count comes from the inference YAML (defaults.spritesheet_frames)
+    defaults = {"width": 64, "height": 64, "num_frames": 17, "fps": 16, "spritesheet_frames": 4}
+    config = write_inference_yaml(
+        tmp_path / "inference.yaml", "wan", wan_checkpoint, tmp_path / "cache", defaults=defaults
+    )
+    root = tmp_path / "media"
+    shot = run_shot(instance, tmp_path, config, prompt="a thumbnail of a kite")
+    assert shot.success
+    artifact = shot.output_for_node("write_op")
+    [mat] = materializations(instance, SHOT_KEY)
+    meta = {k: v.value for k, v in mat.metadata.items()}
+    assert_stills(meta, root, root / artifact.path, count=4, grid="2x2")
+    assert meta["spritesheet_frames"] == [0, 5, 11, 16]
+
+    result = defs.get_job_def("merge").execute_in_process(
+        run_config={
+            "ops": {"merge_op": {"config": {"work_id": "w1", "inputs": [artifact.path, artifact.path]}}},
+            "resources": resources_config(tmp_path, config),
+        },
+        instance=instance,
+    )
+    film = result.output_for_node("merge_op")
+    [mat] = materializations(instance, FILM_KEY)
+    meta = {k: v.value for k, v in mat.metadata.items()}
+    assert meta["path"] == film.path
+    assert_stills(meta, root, root / film.path, count=9, grid="3x3")  # 9 of the film's 34 frames
 
 
 def test_second_identical_request_hits_conditioning_cache(instance, tmp_path, wan_config):

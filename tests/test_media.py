@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from shotloom import media
 
@@ -183,3 +184,104 @@ def test_extract_frame_and_wav(clips, tmp_path):
     out = media.extract_audio_wav(clips["tone"], tmp_path / "a.wav")
     with wave.open(str(out)) as w:
         assert (w.getnchannels(), w.getframerate(), w.getnframes()) == (2, SR, round(N_FRAMES / FPS * SR))
+
+
+# -- stills: thumbnail and spritesheet -----------------------------------------------------------
+
+
+def cells(sheet: Image.Image, columns: int, rows: int) -> list[np.ndarray]:
+    """The grid's cells, row-major."""
+    w, h = sheet.width // columns, sheet.height // rows
+    arr = np.asarray(sheet)
+    return [arr[r * h : (r + 1) * h, c * w : (c + 1) * w] for r in range(rows) for c in range(columns)]
+
+
+def test_spritesheet_indexes_are_evenly_spaced():
+    assert media.spritesheet_indexes(17, 9) == [0, 2, 4, 6, 8, 10, 12, 14, 16]
+    assert media.spritesheet_indexes(17, 4) == [0, 5, 11, 16]
+    assert media.spritesheet_indexes(5, 9) == [0, 1, 2, 3, 4]  # fewer frames than cells: all
+    assert media.spritesheet_indexes(100, 1) == [50]
+    picked = media.spritesheet_indexes(1000, 9)
+    assert picked[0] == 0 and picked[-1] == 999 and len(set(picked)) == 9
+    with pytest.raises(ValueError):
+        media.spritesheet_indexes(0, 9)
+    with pytest.raises(ValueError):
+        media.spritesheet_indexes(17, 0)
+
+
+def test_thumbnail_is_the_middle_frame_at_video_size(clips, tmp_path):
+    decoded_middle = media.read_frames(clips["tone"])[N_FRAMES // 2]
+    # from the frames in memory (what write_op does): the pre-codec frame, close to the decoded one
+    thumb = media.write_thumbnail(gradient(), tmp_path / "a" / "thumbnail.png")
+    with Image.open(thumb.path) as im:
+        assert (im.format, im.mode, im.size) == ("PNG", "RGB", (64, 64))
+        pixels = np.asarray(im)
+    assert np.array_equal(pixels, gradient()[N_FRAMES // 2])
+    assert np.abs(pixels.astype(np.int16) - decoded_middle.astype(np.int16)).mean() < 4
+    assert (thumb.width, thumb.height) == (64, 64)
+    assert thumb.bytes == thumb.path.stat().st_size and thumb.sha256 == media.file_sha256(thumb.path)
+    # from the video file: exactly the decoded middle frame (PNG is lossless), at the video's size
+    from_video = media.write_thumbnail(clips["other"], tmp_path / "b.png")
+    with Image.open(from_video.path) as im:
+        assert im.size == (48, 32)
+        assert np.array_equal(np.asarray(im), media.read_frames(clips["other"])[9 // 2])
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["b.png", "thumbnail.png"]  # no temp
+
+
+def test_spritesheet_grid_and_cells_match_the_chosen_frames(tmp_path):
+    frames = gradient(frames=N_FRAMES, height=96, width=320)  # wider than a cell: downscaled
+    path = tmp_path / "wide.mp4"
+    media.write_mp4(path, frames, FPS, None, None)
+    decoded = media.read_frames(path)
+    chosen = media.spritesheet_indexes(N_FRAMES, 9)
+
+    def shrink(frame: np.ndarray) -> np.ndarray:  # 320x96 -> 160x48: aspect kept
+        return np.asarray(Image.fromarray(frame).resize((160, 48), Image.Resampling.LANCZOS))
+
+    for source, expected in ((frames, frames), (path, decoded)):
+        sheet = media.write_spritesheet(source, tmp_path / "spritesheet.png")
+        assert sheet.frames == tuple(chosen) and sheet.grid == "3x3"
+        assert (sheet.cell_width, sheet.cell_height) == (160, 48)
+        assert sheet.sha256 == media.file_sha256(sheet.path) and sheet.bytes == sheet.path.stat().st_size
+        with Image.open(sheet.path) as im:
+            assert (im.format, im.size) == ("PNG", (3 * 160, 3 * 48)) == ("PNG", (sheet.width, sheet.height))
+            got = cells(im.convert("RGB"), 3, 3)
+        for cell, index in zip(got, chosen, strict=True):
+            assert np.array_equal(cell, shrink(expected[index]))
+    # the sheet from the video and the one from memory differ only by the codec
+    for cell, index in zip(got, chosen, strict=True):
+        own = np.abs(cell.astype(np.int16) - shrink(frames[index]).astype(np.int16)).mean()
+        neighbour = frames[index + 1 if index + 1 < N_FRAMES else index - 1]
+        # and each cell is its own frame, not a neighbour (the gradient moves 6 levels a frame)
+        assert own < 4 and own < np.abs(cell.astype(np.int16) - shrink(neighbour).astype(np.int16)).mean()
+
+
+def test_spritesheet_of_a_short_clip_has_every_frame(clips, tmp_path):
+    frames = gradient(frames=5)
+    sheet = media.write_spritesheet(frames, tmp_path / "s.png", count=9)
+    assert sheet.frames == (0, 1, 2, 3, 4) and sheet.grid == "3x2"
+    assert (sheet.cell_width, sheet.cell_height) == (64, 64)  # narrower than 160: never upscaled
+    with Image.open(sheet.path) as im:
+        assert im.size == (3 * 64, 2 * 64)
+        got = cells(im, 3, 2)
+    for j in range(5):
+        assert np.array_equal(got[j], frames[j])
+    assert not got[5].any()  # the unused last cell is black
+    # the 9-frame clip with the default count: exactly its 9 frames, 3x3, cells 48x32
+    sheet = media.write_spritesheet(clips["other"], tmp_path / "o.png")
+    assert sheet.frames == tuple(range(9)) and sheet.grid == "3x3"
+    assert (sheet.width, sheet.height) == (3 * 48, 3 * 32)
+    with pytest.raises(ValueError, match="uint8"):
+        media.write_spritesheet(frames.astype(np.float32), tmp_path / "f.png")
+
+
+def test_read_frames_at_seeks_to_the_same_frames_as_a_full_decode(clips, tmp_path):
+    copy = media.merge_mp4([clips["tone"], clips["silent"]], tmp_path / "copy.mp4")
+    reencoded = media.merge_mp4([clips["tone"], clips["other"]], tmp_path / "re.mp4")
+    assert (copy.video_mode, reencoded.video_mode) == ("copy", "reencode")
+    for result in (copy, reencoded):
+        full = media.read_frames(result.info.path)
+        picked = [0, 3, full.shape[0] // 2, full.shape[0] - 1, 3]  # any order, repeats allowed
+        assert np.array_equal(media.read_frames_at(result.info.path, picked), full[picked])
+    with pytest.raises(ValueError, match="out of range"):
+        media.read_frames_at(clips["tone"], [N_FRAMES])

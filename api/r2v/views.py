@@ -14,8 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from api.schemas import ArtifactResponse, VersionResponse, iso_time
+from api.r2v.protocol import ArtifactResponse, VersionResponse, iso_time
 from api.store import ArtifactRecord, JobRecord, Store
+
+# The r2v spec knows four statuses: a cancelled job (OpenAI dialect DELETE) reads as failed there.
+R2V_STATUS = {"cancelled": "failed"}
 
 
 def artifact_response(art: ArtifactRecord, base: str) -> ArtifactResponse:
@@ -45,7 +48,7 @@ def task_fields(
         "work_id": job.work_id,
         "job_id": job.job_id,
         "shot_id": job.shot_id,
-        "status": job.status,
+        "status": R2V_STATUS.get(job.status, job.status),
         "stage": job.stage,
         "queue_position": position,
         "status_url": f"{base}/version/{job.version_id}",

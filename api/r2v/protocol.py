@@ -23,6 +23,9 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from api.core.errors import InvalidField
+from api.core.specs import InputRef, MemoryRef, MergeSource, MergeSpec, ShotSpec
+
 CALLBACK_HEADER = "X-Nanobot-Director-Callback-Url"
 MAX_MEMORY_SLOTS = 7
 
@@ -32,7 +35,6 @@ __all__ = [
     "AcceptedResponse",
     "ArtifactResponse",
     "CallbackRef",
-    "HealthResponse",
     "JobRef",
     "MemorySlot",
     "MergePayload",
@@ -178,6 +180,37 @@ class R2VRequest(_Strict):
             out.pop(key, None)
         return {"kind": "r2v", **out}
 
+    def to_spec(self, callback_header: str | None = None, submitter: str | None = None) -> ShotSpec:
+        """The dialect-neutral shot (the header's callback URL wins over the body's)."""
+        memory = []
+        for i, slot in enumerate(self.memory_slots):
+            field = f"memory_slots[{i}]"
+            if slot.shot_id is not None:
+                memory.append(MemoryRef(field, shot_id=slot.shot_id))
+            else:
+                audio = InputRef(f"{field}.audio_url", slot.audio_url) if slot.audio_url else None
+                memory.append(
+                    MemoryRef(field, image=InputRef(f"{field}.image_url", slot.image_url), audio=audio)
+                )
+        return ShotSpec(
+            work_id=self.work_id,
+            shot_id=self.shot_id,
+            prompt=self.prompt,
+            client=self.normalized(),
+            idempotency_payload=self.idempotency_payload(),
+            seed=self.seed,
+            width=self.width,
+            height=self.height,
+            num_frames=self.num_frames,
+            first_frame=InputRef("condition_img", self.condition_img) if self.condition_img else None,
+            memory=tuple(memory),
+            memory_field="memory_slots",
+            job_id=self.job_id,
+            callback_url=_callback(self, callback_header),
+            callback_context=self.callback_context,
+            submitter=submitter,
+        )
+
 
 # -- POST /merge --------------------------------------------------------------------------------
 
@@ -314,6 +347,37 @@ class MergeRequest(_Strict):
         flat = self._flatten()
         return {"kind": "merge", "work_id": flat["work_id"], "shots": flat["shots"]}
 
+    def to_spec(self, callback_header: str | None = None, submitter: str | None = None) -> MergeSpec:
+        flat = self.normalized()
+        shots = []
+        for i, shot in enumerate(flat["shots"]):
+            if "version_id" in shot:
+                shots.append(MergeSource(f"shots[{i}].version_id", version_id=shot["version_id"]))
+            else:
+                shots.append(
+                    MergeSource(
+                        f"shots[{i}].video_url", video=InputRef(f"shots[{i}].video_url", shot["video_url"])
+                    )
+                )
+        return MergeSpec(
+            work_id=flat["work_id"],
+            shots=tuple(shots),
+            client={k: v for k, v in flat.items() if k != "callback_url"},
+            idempotency_payload=self.idempotency_payload(),
+            job_id=flat.get("job_id"),
+            callback_url=_callback(self, callback_header),
+            callback_context=flat.get("callback_context"),
+            submitter=submitter,
+        )
+
+
+def _callback(req: R2VRequest | MergeRequest, header: str | None) -> str | None:
+    """The callback URL to use (the header wins); a bad header URL names the header."""
+    try:
+        return req.effective_callback_url(header)
+    except ValueError as exc:
+        raise InvalidField(str(exc), "header." + CALLBACK_HEADER) from None
+
 
 # -- responses ----------------------------------------------------------------------------------
 
@@ -378,23 +442,6 @@ class VersionResponse(_TaskFields):
     request: dict[str, Any] | None = Field(
         default=None, description="The normalized request (no local paths)."
     )
-
-
-class InferenceHealth(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    enabled: bool
-    workers: list[dict[str, Any]] = Field(default_factory=list)
-    config: str | None = None
-    residency: str | None = None
-
-
-class HealthResponse(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    status: Literal["ok", "starting", "degraded"]
-    inference: InferenceHealth
-    queues: dict[str, dict[str, int]] = Field(description="{'r2v': {status: n}, 'merge': {status: n}}")
-    scheduler: dict[str, Any] = Field(default_factory=dict)
-    ffmpeg_available: bool
 
 
 # -- 422 bodies ---------------------------------------------------------------------------------

@@ -1,0 +1,29 @@
+"""Everything the routers need, built once by ``python -m api`` (or by tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from api.core.jobs import JobService
+from api.dagster_client import DagsterGateway
+from api.follower import Follower
+from api.settings import ApiConfig
+from api.store import Store
+from shotloom.config import InferenceConfig
+
+
+@dataclass
+class ApiContext:
+    api: ApiConfig
+    store: Store
+    gateway: DagsterGateway
+    follower: Follower
+    jobs: JobService
+    media_root: Path
+    worker_names: list[str]
+    inference_config: str  # as the operator named it (for /health)
+    inference: InferenceConfig
+    residency_policy: str
+    health_cache: tuple[float, dict[str, Any]] | None = field(default=None, repr=False)

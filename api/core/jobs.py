@@ -1,0 +1,408 @@
+"""The job service: accept shots and merges from any dialect, read, list, cancel and delete jobs.
+
+Order matters for the promises both dialects make: the idempotency key is checked before any
+input is fetched (a replay costs nothing); every input is decoded and stored before the job is
+accepted (invalid media is refused and nothing is queued); the job row is committed before the
+answer is sent, and the Dagster run is submitted afterwards by :class:`api.follower.Follower`,
+which also reconciles accepted-but-unsubmitted jobs at start. No torch, no HTTP types.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from api.core.errors import Conflict, InvalidField, NotFound, QueueFull, Unavailable
+from api.core.specs import InputRef, MergeSpec, ShotSpec
+from api.inputs import InputAsset, InputError, Role, copy_into_assets, resolve_resource
+from api.settings import ApiConfig
+from api.store import FINISHED, IdempotencyConflict, JobKind, JobRecord, NewJob, Store, payload_hash
+from shotloom.capabilities import Capabilities, CapabilityError
+from shotloom.config import Defaults
+from shotloom.request import GenerationRequest, MemorySlot
+
+R2V_JOB = "r2v"
+MERGE_JOB = "merge"
+VERSION_TAG = "shotloom/version_id"  # every submitted run carries it: reconcile finds runs by it
+VIDEO_KIND = "video"  # artifacts are indexed by media kind; role says shot or film
+DURATION_SAMPLES = 50  # finished jobs whose durations give Retry-After and ETAs
+RETRY_AFTER_UNKNOWN_S = 60  # before the first job has finished
+RETRY_AFTER_MIN_S = 2
+
+
+@dataclass(frozen=True)
+class Accepted:
+    job: JobRecord
+    created: bool  # False: an idempotent replay
+
+
+def capabilities_from(published: dict[str, Any] | None) -> Capabilities | None:
+    """The workers publish capabilities as JSON (lists): back to the engine's type."""
+    if not published:
+        return None
+    return Capabilities(**{k: tuple(v) if isinstance(v, list) else v for k, v in published.items()})
+
+
+class JobService:
+    """The write and lifecycle side of every dialect.
+
+    ``capabilities`` returns what the loaded model can do, as the device workers publish it (None
+    until one has loaded it). ``defaults`` are the inference YAML's, which fill what a request
+    leaves out. ``terminate`` cancels a Dagster run (the follower's gateway).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        api: ApiConfig,
+        state_dir: Path,
+        media_root: Path,
+        on_accept: Callable[[], None] | None = None,
+        capabilities: Callable[[], dict[str, Any] | None] = lambda: None,
+        defaults: Defaults | None = None,
+        terminate: Callable[[str], bool] | None = None,
+    ):
+        self.store = store
+        self.api = api
+        self.media_root = Path(media_root).resolve()
+        self.assets_dir = api.assets_dir(state_dir)
+        self.on_accept = on_accept or (lambda: None)
+        self.published_capabilities = capabilities
+        self.defaults = defaults or Defaults()
+        self.terminate = terminate
+
+    # -- shared steps ---------------------------------------------------------------------------
+    def capabilities(self) -> Capabilities | None:
+        return capabilities_from(self.published_capabilities())
+
+    def replay(self, job_id: str | None, kind: JobKind, digest: str) -> JobRecord | None:
+        """The original job for a repeated ``job_id`` with the same payload; Conflict otherwise."""
+        if job_id is None:
+            return None
+        found = self.store.idempotent_version(job_id)
+        if found is None:
+            return None
+        version_id, stored_hash, stored_kind = found
+        if stored_hash != digest or stored_kind != kind:
+            raise Conflict(
+                f"job_id {job_id!r} was already used for a different request (version {version_id})"
+            )
+        return self.store.get(version_id)
+
+    def check_queue(self, kind: JobKind) -> None:
+        queued = self.store.counts_by_status(kind)["queued"]
+        if queued >= self.api.max_queue:
+            raise QueueFull(
+                f"the {kind} queue is full ({queued} queued, limit {self.api.max_queue})",
+                self.retry_after_s(),
+            )
+
+    def resolve(self, ref: InputRef, role: Role) -> InputAsset:
+        """A client resource fetched, decoded and stored content-addressed (InvalidField otherwise)."""
+        try:
+            if ref.upload is not None:
+                return copy_into_assets(
+                    ref.upload, role, self.api.inputs, self.assets_dir, self.store, field=ref.field
+                )
+            return resolve_resource(
+                ref.value or "", role, self.api.inputs, self.assets_dir, self.store, field=ref.field
+            )
+        except InputError as exc:
+            raise InvalidField(exc.message, exc.field) from None
+
+    def _accept(self, new: NewJob) -> Accepted:
+        try:
+            result = self.store.accept(new)
+        except IdempotencyConflict as exc:  # a concurrent request with the same key won the insert
+            raise Conflict(
+                f"job_id {exc.job_id!r} was already used for a different request (version {exc.version_id})"
+            ) from None
+        if result.created:
+            self.on_accept()
+        return Accepted(result.job, result.created)
+
+    def video_path(self, version_id: str) -> Path | None:
+        """The MP4 a succeeded job produced (absolute), if it is still on disk."""
+        return self.artifact_path(version_id, VIDEO_KIND)
+
+    def artifact_path(self, version_id: str, kind: str, role: str | None = None) -> Path | None:
+        for art in self.store.artifacts_for(version_id):
+            if art.kind == kind and (role is None or art.role == role):
+                path = (self.media_root / art.path).resolve()
+                if path.is_relative_to(self.media_root) and path.is_file():
+                    return path
+        return None
+
+    # -- shots ----------------------------------------------------------------------------------
+    def accept_shot(self, spec: ShotSpec) -> Accepted:
+        digest = payload_hash(spec.idempotency_payload)
+        replay = self.replay(spec.job_id, "r2v", digest)
+        if replay is not None:
+            return Accepted(replay, False)
+        self.check_queue("r2v")
+        caps = self.capabilities()
+        if caps is not None:
+            self.check_capabilities(spec, caps)
+
+        inputs: dict[str, Any] = {}
+        config: dict[str, Any] = {"work_id": spec.work_id, "shot_id": spec.shot_id, "prompt": spec.prompt}
+        for key in ("negative_prompt", "seed", "width", "height", "num_frames", "fps", "guidance_scale"):
+            if getattr(spec, key) is not None:
+                config[key] = getattr(spec, key)
+        for key in ("first_frame", "last_frame"):
+            ref: InputRef | None = getattr(spec, key)
+            if ref is not None:
+                asset = self.resolve(ref, "image")
+                config[key] = str(asset.path)
+                inputs[ref.field] = describe(asset)
+        memory = []
+        for slot in spec.memory:
+            if slot.shot_id is not None:
+                with_audio = caps is None or caps.audio_in
+                image, audio = self._shot_memory(
+                    spec.work_id, slot.shot_id, f"{slot.field}.shot_id", with_audio
+                )
+            else:
+                assert slot.image is not None
+                image = self.resolve(slot.image, "image")
+                audio = self.resolve(slot.audio, "audio") if slot.audio is not None else None
+            memory.append({"image": str(image.path), "audio": str(audio.path) if audio else None})
+            inputs[slot.field] = {"image": describe(image), "audio": describe(audio) if audio else None}
+        config["memory"] = memory
+
+        new = NewJob(
+            kind="r2v",
+            work_id=spec.work_id,
+            shot_id=spec.shot_id,
+            job_id=spec.job_id,
+            payload_hash=digest,
+            callback_url=spec.callback_url,
+            callback_context=spec.callback_context,
+            request={
+                "client": without_inline_data(spec.client),
+                "inputs": inputs,
+                "job_name": R2V_JOB,
+                "run_config": {"ops": {"condition_op": {"config": config}}},
+            },
+            dialect=spec.dialect,
+            submitter=spec.submitter,
+            version_id=spec.version_id,
+        )
+        return self._accept(new)
+
+    def check_capabilities(self, spec: ShotSpec, caps: Capabilities) -> None:
+        """What the model cannot do is refused now, not as a failed run later (paths are
+        placeholders: only their presence matters here)."""
+        d, here = self.defaults, Path(".")
+        gen = GenerationRequest(
+            prompt=spec.prompt,
+            width=spec.width or d.width,
+            height=spec.height or d.height,
+            num_frames=spec.num_frames or d.num_frames,
+            fps=spec.fps or d.fps,
+            seed=0,
+            guidance_scale=(
+                spec.guidance_scale
+                if spec.guidance_scale is not None
+                else min(max(1.0, caps.guidance_range[0]), caps.guidance_range[1])
+            ),
+            first_frame=here if spec.first_frame else None,
+            last_frame=here if spec.last_frame else None,
+            memory=tuple(MemorySlot(here, here if s.audio else None) for s in spec.memory),
+        )
+        try:
+            caps.check(gen)
+        except CapabilityError as exc:
+            raise InvalidField(str(exc).split(": ", 1)[-1], self._client_field(spec, exc.field)) from None
+
+    @staticmethod
+    def _client_field(spec: ShotSpec, engine_field: str) -> str:
+        head, _, rest = engine_field.partition("[")
+        if head == "memory" and rest:
+            index = int(rest.split("]", 1)[0])
+            slot = spec.memory[index]
+            return f"{slot.field}.audio_url" if engine_field.endswith(".audio") else slot.field
+        if head == "memory":
+            return spec.memory_field
+        ref = getattr(spec, head, None) if head in ("first_frame", "last_frame") else None
+        if isinstance(ref, InputRef):
+            return ref.field
+        return spec.field_names.get(head, head)
+
+    def _shot_memory(
+        self, work_id: str, shot_id: str, field: str, with_audio: bool = True
+    ) -> tuple[InputAsset, InputAsset | None]:
+        """A bare memory ``shot_id``: a representative frame and the complete audio track of the
+        newest successful shot of the same work, stored like client inputs (the audio only where
+        the model takes audio)."""
+        from shotloom import media  # PyAV + numpy, no torch
+
+        job = self.store.newest_succeeded_shot(work_id, shot_id)
+        video = self.video_path(job.version_id) if job is not None else None
+        if video is None:
+            raise Conflict(f"no successful shot {shot_id!r} in work {work_id!r} to take memory from", field)
+        self.assets_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.assets_dir) as tmp:
+            frame = Path(tmp) / "frame.png"
+            media.extract_frame(video).save(frame)
+            image = copy_into_assets(
+                frame, "image", self.api.inputs, self.assets_dir, self.store, field=field
+            )
+            audio = None
+            if with_audio and media.probe(video).has_audio:
+                wav = media.extract_audio_wav(video, Path(tmp) / "audio.wav")
+                audio = copy_into_assets(
+                    wav, "audio", self.api.inputs, self.assets_dir, self.store, field=field
+                )
+        return image, audio
+
+    # -- merges ---------------------------------------------------------------------------------
+    def accept_merge(self, spec: MergeSpec) -> Accepted:
+        digest = payload_hash(spec.idempotency_payload)
+        replay = self.replay(spec.job_id, "merge", digest)
+        if replay is not None:
+            return Accepted(replay, False)
+        self.check_queue("merge")
+
+        paths, shot_ids, sources = [], [], []
+        for shot in spec.shots:
+            if shot.version_id is not None:
+                job = self.store.get(shot.version_id)
+                if job is None or job.kind != "r2v":
+                    raise Conflict(f"unknown r2v version {shot.version_id!r}", shot.field)
+                if job.status != "succeeded":
+                    raise Conflict(
+                        f"version {job.version_id} has not succeeded (status {job.status})", shot.field
+                    )
+                video = self.video_path(job.version_id)
+                if video is None:
+                    raise Conflict(
+                        f"the video of version {job.version_id} is no longer available", shot.field
+                    )
+                paths.append(video.relative_to(self.media_root).as_posix())
+                shot_ids.append(job.shot_id or job.version_id)
+                sources.append({"version_id": job.version_id})
+            else:
+                assert shot.video is not None
+                asset = self.resolve(shot.video, "video")
+                paths.append(str(asset.path))
+                shot_ids.append(f"url:{asset.sha256[:12]}")
+                sources.append({"video_url": shot.video.value, "sha256": asset.sha256})
+        config = {"work_id": spec.work_id, "inputs": paths, "shot_ids": shot_ids}
+        new = NewJob(
+            kind="merge",
+            work_id=spec.work_id,
+            job_id=spec.job_id,
+            payload_hash=digest,
+            callback_url=spec.callback_url,
+            callback_context=spec.callback_context,
+            request={
+                "client": spec.client,
+                "inputs": {"shots": sources},
+                "job_name": MERGE_JOB,
+                "run_config": {"ops": {"merge_op": {"config": config}}},
+            },
+            dialect=spec.dialect,
+            submitter=spec.submitter,
+        )
+        return self._accept(new)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def get(self, version_id: str) -> JobRecord:
+        job = self.store.get(version_id)
+        if job is None:
+            raise NotFound(f"unknown job {version_id!r}")
+        return job
+
+    def cancel(self, version_id: str) -> JobRecord:
+        """Stop a queued or running job. A queued one is cancelled at once (its run canceled in
+        Dagster); a running one stops at its next denoise step or decoded piece, and the follower
+        records ``cancelled`` when its run reports CANCELED. A finished job is returned as is."""
+        job = self.get(version_id)
+        if job.status in FINISHED:
+            return job
+        job = self.store.request_cancel(version_id)
+        if job.run_id is None:  # never handed to Dagster: the submitter skips it from now on
+            return self.store.update_status(version_id, status="cancelled", stage="canceled", error=None)
+        stopped = False
+        if self.terminate is not None:
+            try:
+                stopped = self.terminate(job.run_id)
+            except Exception:  # the follower asks again: cancel requests are durable
+                stopped = False
+        fresh = self.get(version_id)
+        if stopped and fresh.status == "queued" and fresh.stage == "queued":
+            # Dagster cancels a queued run on the spot: it never reached a worker.
+            return self.store.update_status(version_id, status="cancelled", stage="canceled", error=None)
+        return fresh
+
+    def delete(self, version_id: str) -> JobRecord:
+        """Remove a finished job, its artifacts and files. Unfinished jobs: Conflict."""
+        job = self.get(version_id)
+        if job.status not in FINISHED:
+            raise Conflict(f"job {version_id} is {job.status}; cancel it first")
+        for path in self.store.delete_job(version_id):
+            self._remove_media(path)
+        return job
+
+    def _remove_media(self, relative: str) -> None:
+        path = (self.media_root / relative).resolve()
+        if not path.is_relative_to(self.media_root) or path == self.media_root:
+            return
+        path.unlink(missing_ok=True)
+        parent = path.parent
+        # The run's own output folder goes once it is empty (shots are written one per folder).
+        if parent != self.media_root and parent.is_relative_to(self.media_root) and not any(parent.iterdir()):
+            shutil.rmtree(parent, ignore_errors=True)
+
+    # -- timing ---------------------------------------------------------------------------------
+    def job_seconds(self) -> float | None:
+        """Median wall time of recent finished jobs, from claim to end (None before the first)."""
+        durations = self.store.recent_durations(DURATION_SAMPLES)
+        return statistics.median(durations) if durations else None
+
+    def retry_after_s(self) -> int:
+        """The median job time less the running job's elapsed time, at least 2 s (60 before the
+        first job has finished)."""
+        median = self.job_seconds()
+        if median is None:
+            return RETRY_AFTER_UNKNOWN_S
+        started = self.store.oldest_running_start()
+        elapsed = time.time() - started if started else 0.0
+        return max(RETRY_AFTER_MIN_S, int(round(median - elapsed)))
+
+    def require_capabilities(self) -> Capabilities:
+        caps = self.capabilities()
+        if caps is None:
+            raise Unavailable("the model is not loaded on any worker yet")
+        return caps
+
+
+def describe(asset: InputAsset) -> dict[str, Any]:
+    """What a client may see of a stored input: never its local path."""
+    out = {
+        "sha256": asset.sha256,
+        "media_type": asset.media_type,
+        "bytes": asset.bytes,
+        "source": asset.source,
+    }
+    if asset.width:
+        out.update(width=asset.width, height=asset.height)
+    return out
+
+
+def without_inline_data(value: Any) -> Any:
+    """The request as stored and shown back: data: URLs shortened (they can be MBs)."""
+    if isinstance(value, str) and value.startswith("data:"):
+        return value.split(",", 1)[0] + ",..."
+    if isinstance(value, dict):
+        return {k: without_inline_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_inline_data(v) for v in value]
+    return value

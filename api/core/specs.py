@@ -1,0 +1,86 @@
+"""What a client asks for, in no dialect: each HTTP dialect's request models convert themselves into
+these (``to_spec()``), and the job service turns them into a Dagster run config.
+
+A spec keeps the client's own field names beside each input (``InputRef.field``) so every refusal
+names the field the way that client wrote it (``memory_slots[1].audio_url`` in R2V,
+``image_reference[1].audio_url`` in the OpenAI dialect).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Dialect = Literal["r2v", "openai"]
+
+
+@dataclass(frozen=True)
+class InputRef:
+    """One client resource: a URL / data URL / path string, or an upload already spooled to disk."""
+
+    field: str
+    value: str | None = None
+    upload: Path | None = None
+
+
+@dataclass(frozen=True)
+class MemoryRef:
+    """One memory slot: an image (with optional audio), or the newest successful shot of the work."""
+
+    field: str
+    image: InputRef | None = None
+    audio: InputRef | None = None
+    shot_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ShotSpec:
+    """One shot to generate. ``None`` means "the model's preset decides" (the engine resolves it)."""
+
+    work_id: str
+    shot_id: str
+    prompt: str
+    client: dict[str, Any]  # the request as stored and shown back (no local paths, no inline data)
+    idempotency_payload: dict[str, Any]  # what the idempotency hash covers
+    dialect: Dialect = "r2v"
+    negative_prompt: str | None = None
+    seed: int | None = None
+    width: int | None = None
+    height: int | None = None
+    num_frames: int | None = None
+    fps: int | None = None
+    guidance_scale: float | None = None
+    first_frame: InputRef | None = None
+    last_frame: InputRef | None = None
+    memory: tuple[MemoryRef, ...] = ()
+    memory_field: str = "memory_slots"  # the client's name for the list (count errors)
+    job_id: str | None = None
+    callback_url: str | None = None
+    callback_context: dict[str, Any] | None = None
+    submitter: str | None = None
+    version_id: str | None = None  # chosen by the dialect when its public id derives from it
+    # Engine field -> the client's field, where the client spelled it otherwise (``width`` -> ``size``).
+    field_names: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MergeSource:
+    """One shot of a film: a local version, or a video resource."""
+
+    field: str
+    version_id: str | None = None
+    video: InputRef | None = None
+
+
+@dataclass(frozen=True)
+class MergeSpec:
+    work_id: str
+    shots: tuple[MergeSource, ...]
+    client: dict[str, Any]
+    idempotency_payload: dict[str, Any]
+    dialect: Dialect = "r2v"
+    job_id: str | None = None
+    callback_url: str | None = None
+    callback_context: dict[str, Any] | None = None
+    submitter: str | None = None

@@ -1,0 +1,125 @@
+"""``GET /health``: the service is ready when the API, the Dagster webserver and daemon, and every
+configured device worker are up (503 otherwise, with what is missing); both dialects share it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.context import ApiContext
+
+HEALTH_CACHE_S = 1.0  # /health is polled by admission loops: ask Dagster at most once a second
+
+
+class InferenceHealth(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    enabled: bool
+    workers: list[dict[str, Any]] = Field(default_factory=list)
+    config: str | None = None
+    residency: str | None = None
+
+
+class HealthResponse(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    status: Literal["ok", "starting", "degraded"]
+    inference: InferenceHealth
+    queues: dict[str, dict[str, int]] = Field(description="{'r2v': {status: n}, 'merge': {status: n}}")
+    scheduler: dict[str, Any] = Field(default_factory=dict)
+    ffmpeg_available: bool
+
+
+def ffmpeg_available() -> bool:
+    """The encoders the MP4 writer needs, in the FFmpeg that PyAV bundles."""
+    return not missing_encoders()
+
+
+def missing_encoders() -> list[str]:
+    import av
+
+    missing = []
+    for name in ("libx264", "aac"):
+        try:
+            av.codec.Codec(name, "w")
+        except Exception:
+            missing.append(name)
+    return missing
+
+
+def health_router(ctx: ApiContext) -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get("/health", response_model=HealthResponse, responses={503: {"description": "Not ready."}})
+    def get_health() -> JSONResponse:
+        body = health(ctx)
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    return router
+
+
+def health(ctx: ApiContext) -> dict[str, Any]:
+    now = time.monotonic()
+    if ctx.health_cache is not None and now - ctx.health_cache[0] < HEALTH_CACHE_S:
+        return ctx.health_cache[1]
+    try:
+        webserver = ctx.gateway.ping()
+        daemon = ctx.gateway.daemon_healthy() if webserver else None
+    except Exception:
+        webserver, daemon = False, None
+    snaps = ctx.follower.workers
+    workers = []
+    for name in ctx.worker_names:
+        s = snaps.get(name, {"state": "unregistered"})
+        run_id = s.get("run_id")
+        job = ctx.store.by_run_id(run_id) if run_id else None
+        workers.append(
+            {
+                "name": name,
+                "device": s.get("device"),
+                "state": s.get("state"),
+                "ready": s.get("state") in ("idle", "busy"),
+                "task": {"version_id": job.version_id, "kind": job.kind, "stage": job.stage} if job else None,
+                "run_id": run_id,
+                "weight_location": s.get("weight_location"),
+                "weights_loaded": s.get("weights_loaded"),
+                "loads": s.get("loads"),
+                "resources": s.get("resources"),
+                "admission_plan": s.get("admission_plan"),
+                "dit_residency": s.get("dit_residency"),
+            }
+        )
+    ready = {
+        "api": ctx.follower.started,
+        "webserver": bool(webserver),
+        "daemon": bool(daemon),
+        "workers": bool(workers) and all(w["ready"] for w in workers),
+    }
+    queues = {kind: ctx.store.counts_by_status(kind) for kind in ("r2v", "merge")}
+    busy = sum(1 for w in workers if w["state"] == "busy")
+    body = HealthResponse(
+        status="ok" if all(ready.values()) else "starting",
+        inference={
+            "enabled": bool(ctx.worker_names),
+            "workers": workers,
+            "config": ctx.inference_config,
+            "residency": ctx.residency_policy,
+        },
+        queues=queues,
+        scheduler={
+            "workers_total": len(workers),
+            "workers_ready": sum(1 for w in workers if w["ready"]),
+            "workers_busy": busy,
+            "workers_idle": sum(1 for w in workers if w["state"] == "idle"),
+            "pending_tasks": queues["r2v"]["queued"] + queues["merge"]["queued"],
+            "running_tasks": queues["r2v"]["running"] + queues["merge"]["running"],
+            "max_queue": ctx.api.max_queue,
+            **ctx.follower.counters,
+        },
+        ffmpeg_available=ffmpeg_available(),
+        ready=ready,
+    ).model_dump(mode="json")
+    ctx.health_cache = (now, body)
+    return body

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible video dialect (``/v1``): protocol models, serving, router, one error envelope."""

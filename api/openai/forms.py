@@ -1,0 +1,100 @@
+"""A multipart form, as the ``openai`` SDK sends it, back into the nested object a JSON body holds.
+
+Measured with openai 3.51.0: every ``videos.create`` is ``multipart/form-data``; ``extra_body``
+values arrive as strings, nested objects and lists flattened to bracketed keys
+(``video_params[fps]=16``, ``image_reference[][image_url]=...``). The SDK groups repeated keys,
+so the parts of one list element are not adjacent: the n-th ``image_reference[][image_url]``
+and the n-th ``image_reference[][audio_url]`` belong to element n. Explicit indexes
+(``image_reference[0][image_url]``) work too. Values stay strings: the request model's lax
+parsing gives them the same meaning as the JSON body's numbers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+_KEY = re.compile(r"^([^\[\]]+)((?:\[[^\[\]]*\])*)$")
+_SEGMENT = re.compile(r"\[([^\[\]]*)\]")
+
+
+class FormError(ValueError):
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def unflatten(items: Iterable[tuple[str, Any]], max_index: int = 1000) -> dict[str, Any]:
+    """Bracketed form keys -> nested dicts and lists. A plain key given twice becomes a list."""
+    out: dict[str, Any] = {}
+    seen: Counter[str] = Counter()
+    for key, value in items:
+        match = _KEY.match(key)
+        if match is None:
+            raise FormError(key, "malformed form field name")
+        name, rest = match.group(1), _SEGMENT.findall(match.group(2))
+        occurrence = seen[key]
+        seen[key] += 1
+        if not rest:
+            if name in out:
+                previous = out[name]
+                out[name] = [*previous, value] if isinstance(previous, list) else [previous, value]
+            else:
+                out[name] = value
+            continue
+        _put(out, name, rest, value, occurrence, key, max_index)
+    return out
+
+
+def _put(
+    container: dict[str, Any] | list[Any],
+    name: str | int,
+    rest: list[str],
+    value: Any,
+    occurrence: int,
+    key: str,
+    max_index: int,
+) -> None:
+    head, tail = rest[0], rest[1:]
+    slot = _get(container, name)
+    if head == "" or head.isdigit():
+        if slot is None:
+            slot = []
+            _set(container, name, slot)
+        if not isinstance(slot, list):
+            raise FormError(key, "mixes a list and a single value")
+        if head == "" and not tail:
+            slot.append(value)
+            return
+        index = occurrence if head == "" else int(head)
+        if index > max_index:
+            raise FormError(key, f"list index above {max_index}")
+        while len(slot) <= index:
+            slot.append(None)
+        if not tail:
+            slot[index] = value
+            return
+        _put(slot, index, tail, value, occurrence, key, max_index)
+        return
+    if slot is None:
+        slot = {}
+        _set(container, name, slot)
+    if not isinstance(slot, dict):
+        raise FormError(key, "mixes an object and a single value")
+    if not tail:
+        slot[head] = value
+        return
+    _put(slot, head, tail, value, occurrence, key, max_index)
+
+
+def _get(container: dict[str, Any] | list[Any], name: str | int) -> Any:
+    if isinstance(container, list):
+        return container[name]  # type: ignore[index]
+    return container.get(name)  # type: ignore[arg-type]
+
+
+def _set(container: dict[str, Any] | list[Any], name: str | int, value: Any) -> None:
+    container[name] = value  # type: ignore[index]

@@ -1,0 +1,478 @@
+"""Request and response models of the OpenAI-compatible video API (``/v1``).
+
+The canonical request follows vLLM-Omni and takes SGLang's flat extensions and FastVideo's legacy
+spellings (../shared/spec/openai-video-contract.md). One model parses both the JSON body and the
+SDK's multipart form (see :mod:`api.openai.forms`): values are parsed laxly, so ``"16"`` in a form
+means what ``16`` means in JSON. Unknown top-level fields are refused. Which fields the client
+actually set comes from ``model_fields_set``; defaults never masquerade as intent.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from api.core.errors import InvalidField, NotFound
+from api.core.specs import InputRef, MemoryRef, ShotSpec
+from shotloom.capabilities import Capabilities
+
+SIZE_PATTERN = r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$"
+MAX_SEED = 2**32
+EXTRA_PARAMS = ("work_id", "shot_id")  # the allow-list of extra_params
+URL_DESCRIPTION = "data: URL, http(s) URL, file:// URL or absolute path (under the server's allowed roots)"
+
+Positive = Annotated[int, Field(gt=0, le=100_000)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReferenceObject(_Strict):
+    """A reference to media: exactly one of ``image_url``, ``video_url`` (with optional
+    ``audio_url`` beside an image). ``file_id`` is understood but refused (no Files store)."""
+
+    image_url: str | None = Field(default=None, min_length=1, description=URL_DESCRIPTION)
+    video_url: str | None = Field(default=None, min_length=1, description=URL_DESCRIPTION)
+    audio_url: str | None = Field(default=None, min_length=1, description=URL_DESCRIPTION)
+    file_id: str | None = Field(default=None, description="Refused: this server has no Files store.")
+
+    @field_validator("image_url", "video_url", "audio_url", mode="before")
+    @classmethod
+    def _url_object(cls, v: Any) -> Any:
+        # Chat-style {"url": "..."} objects are the same reference.
+        if isinstance(v, dict) and set(v) == {"url"}:
+            return v["url"]
+        return v
+
+
+class VideoParams(_Strict):
+    width: Positive | None = None
+    height: Positive | None = None
+    fps: Positive | None = None
+    num_frames: Positive | None = None
+
+
+class LoraSelector(_Strict):
+    name: str = Field(min_length=1)
+    path: str | None = None
+    scale: float | None = None
+
+
+Reference = str | ReferenceObject
+
+
+class VideoCreateRequest(_Strict):
+    """``POST /v1/videos`` (JSON or multipart form)."""
+
+    prompt: str = Field(min_length=1, max_length=20_000, description="What the clip shows. Required.")
+    model: str | None = Field(default=None, description="A served model id; optional with one model.")
+    seconds: float | None = Field(
+        default=None, gt=0, description='Length in seconds (number or string such as "4").'
+    )
+    size: str | None = Field(default=None, pattern=SIZE_PATTERN, description='WxH, e.g. "832x480".')
+    width: Positive | None = None
+    height: Positive | None = None
+    fps: Positive | None = None
+    num_frames: Positive | None = Field(
+        default=None, description="Frames; must lie on the model's frame grid."
+    )
+    video_params: VideoParams | None = None
+    seed: int | None = Field(
+        default=None, ge=0, lt=MAX_SEED, description="Random (and reported) when absent."
+    )
+    num_inference_steps: Positive | None = None
+    guidance_scale: float | None = Field(default=None, ge=0, le=100)
+    negative_prompt: str | None = Field(default=None, max_length=20_000)
+    first_frame: Reference | None = Field(default=None, description="An image the clip starts at.")
+    last_frame: Reference | None = Field(default=None, description="An image the clip ends at.")
+    input_reference: Reference | None = Field(
+        default=None, description="The OpenAI name of first_frame (a file part in multipart)."
+    )
+    reference_url: str | None = Field(default=None, description="Legacy spelling of input_reference.")
+    image_reference: list[ReferenceObject] | None = Field(
+        default=None, description="Reference images (memory slots), each optionally with its audio_url."
+    )
+    characters: list[str] | None = Field(default=None, description="Not served yet.")
+    video_url: str | None = Field(default=None, description="Legacy: a source video (video-to-video).")
+    video_path: str | None = Field(default=None, description="Legacy: a source video (video-to-video).")
+    guides: Any = Field(default=None, description="Frame-anchored guides (multipart).")
+    lora: LoraSelector | None = None
+    extra_params: dict[str, Any] | None = Field(
+        default=None, description=f"Allowed keys: {list(EXTRA_PARAMS)}."
+    )
+
+    @field_validator("seconds", mode="before")
+    @classmethod
+    def _seconds(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("must be a number of seconds")
+        if isinstance(v, str):
+            try:
+                return float(v.strip())
+            except ValueError:
+                raise ValueError('must be a number of seconds, e.g. "4"') from None
+        return v
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be blank")
+        return v
+
+    @field_validator("image_reference", mode="before")
+    @classmethod
+    def _one_reference(cls, v: Any) -> Any:
+        return [v] if isinstance(v, dict) else v
+
+    @field_validator("extra_params")
+    @classmethod
+    def _extra_params(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key, value in (v or {}).items():
+            if key not in EXTRA_PARAMS:
+                raise ValueError(f"{key!r} is not allowed (allowed: {', '.join(EXTRA_PARAMS)})")
+            if not isinstance(value, str) or not value.strip() or len(value) > 255:
+                raise ValueError(f"{key} must be a non-empty string of at most 255 characters")
+        return v
+
+    @model_validator(mode="after")
+    def _pairs(self) -> VideoCreateRequest:
+        if (self.width is None) != (self.height is None):
+            raise ValueError("width and height go together")
+        vp = self.video_params
+        if vp is not None and (vp.width is None) != (vp.height is None):
+            raise ValueError("video_params.width and video_params.height go together")
+        return self
+
+    def explicit(self) -> dict[str, Any]:
+        """Only the fields the client set (``model_fields_set``), as plain data."""
+        return self.model_dump(include=self.model_fields_set, exclude_none=True, mode="json")
+
+    def to_spec(
+        self,
+        model: ServedModel,
+        *,
+        operator: VideoCreateRequest | None,
+        uploads: dict[str, Path],
+        version_id: str,
+        seed: int,
+        job_id: str | None = None,
+        submitter: str | None = None,
+        upload_digests: dict[str, str] | None = None,
+    ) -> ShotSpec:
+        """The dialect-neutral shot: fields the client set, then the operator's ``default_request``,
+        then the model's preset; every value checked against what the model can honour."""
+        if self.model is not None and self.model != model.id:
+            raise NotFound(
+                f"the model {self.model!r} is not served here (served: {model.id})",
+                "model",
+                "model_not_found",
+            )
+        self._refuse_unsupported(uploads)
+        caps = model.caps
+        layers = [self.geometry(), operator.geometry() if operator else {}]
+        size = next((g for g in layers if "width" in g), {"width": model.width, "height": model.height})
+        size_field = size.get("size_field", "size")
+        for key in ("width", "height"):
+            if size[key] % caps.size_multiple:
+                raise InvalidField(
+                    f"{key} must be a multiple of {caps.size_multiple} for this model, got {size[key]}",
+                    size_field,
+                )
+        rate = next((g for g in layers if "fps" in g), {"fps": model.fps, "fps_field": "fps"})
+        if rate["fps"] not in caps.fps:
+            raise InvalidField(
+                f"must be one of {list(caps.fps)} for this model, got {rate['fps']}", rate["fps_field"]
+            )
+        frames = _frames(self, layers[0], rate["fps"], model)
+        if frames is None and operator is not None:
+            frames = _frames(operator, layers[1], rate["fps"], model)
+        num_frames, frames_field = frames or (model.num_frames, "num_frames")
+
+        def pick(name: str) -> Any:
+            value = getattr(self, name)
+            return value if value is not None or operator is None else getattr(operator, name)
+
+        steps = pick("num_inference_steps")
+        if steps is not None and steps != model.steps:
+            raise InvalidField(
+                f"this model samples with its distilled schedule of {model.steps} steps, got {steps}",
+                "num_inference_steps",
+            )
+        guidance = pick("guidance_scale")
+        lo, hi = caps.guidance_range
+        if guidance is not None and not lo <= guidance <= hi:
+            raise InvalidField(
+                f"must be within [{lo:g}, {hi:g}] for this model, got {guidance:g}", "guidance_scale"
+            )
+        negative = pick("negative_prompt")
+        effective = guidance if guidance is not None else model.guidance_scale
+        if negative and effective <= 1.0:
+            raise InvalidField(
+                "has no effect without classifier-free guidance: set guidance_scale above 1",
+                "negative_prompt",
+            )
+        extra = self.extra_params or {}
+        shot_id = extra.get("shot_id") or video_id(version_id)
+        client = {"model": model.id, **self.explicit()}
+        for name, digest in (upload_digests or {}).items():
+            client[name] = {"upload_sha256": digest}
+        return ShotSpec(
+            work_id=extra.get("work_id") or model.default_work,
+            shot_id=shot_id,
+            prompt=self.prompt,
+            client=client,
+            idempotency_payload={"kind": "v1", **client},
+            dialect="openai",
+            negative_prompt=negative,
+            seed=seed,
+            width=size["width"],
+            height=size["height"],
+            num_frames=num_frames,
+            fps=rate["fps"],
+            guidance_scale=guidance,
+            first_frame=self._keyframe(("first_frame", "input_reference", "reference_url"), uploads),
+            last_frame=self._keyframe(("last_frame",), uploads),
+            memory=self._memory(),
+            memory_field="image_reference",
+            job_id=job_id,
+            submitter=submitter,
+            version_id=version_id,
+            field_names={
+                "width": size_field,
+                "height": size_field,
+                "num_frames": frames_field,
+                "fps": rate["fps_field"],
+            },
+        )
+
+    def _refuse_unsupported(self, uploads: dict[str, Path]) -> None:
+        if self.lora is not None:
+            raise InvalidField(
+                f"no LoRA adapter is served here, so {self.lora.name!r} cannot be selected", "lora"
+            )
+        for name in ("video_url", "video_path"):
+            if getattr(self, name) is not None:
+                raise InvalidField("video-to-video is not served by this server", name)
+        if self.characters:
+            raise InvalidField("characters are not served by this server", "characters")
+        if self.guides is not None or any(
+            k.startswith("guide")
+            for k in uploads
+            if k not in ("first_frame", "last_frame", "input_reference")
+        ):
+            raise InvalidField("the loaded model cannot condition on frames at chosen positions", "guides")
+
+    def _keyframe(self, names: tuple[str, ...], uploads: dict[str, Path]) -> InputRef | None:
+        given = [n for n in names if getattr(self, n, None) is not None or n in uploads]
+        if len(given) > 1:
+            raise InvalidField(f"give one of {', '.join(given)}, not several", given[1])
+        if not given:
+            return None
+        name = given[0]
+        if name in uploads:
+            return InputRef(name, upload=uploads[name])
+        value = getattr(self, name)
+        if isinstance(value, str):
+            return InputRef(name, value)
+        return _image_ref(value, name)
+
+    def _memory(self) -> tuple[MemoryRef, ...]:
+        out = []
+        for i, ref in enumerate(self.image_reference or ()):
+            field = f"image_reference[{i}]"
+            image = _image_ref(ref, field)
+            audio = InputRef(f"{field}.audio_url", ref.audio_url) if ref.audio_url else None
+            out.append(MemoryRef(field, image=image, audio=audio))
+        return tuple(out)
+
+    def geometry(self) -> dict[str, Any]:
+        """The size, rate and length this request asks for, by the contract's precedence: ``size``,
+        then top-level ``width``/``height``, then ``video_params``; top-level ``fps`` and
+        ``num_frames`` over ``video_params``. Only what was set; keys: width, height, fps,
+        num_frames, seconds, and ``size_field`` (which field gave the size)."""
+        out: dict[str, Any] = {}
+        vp = self.video_params or VideoParams()
+        if self.size is not None:
+            w, h = (int(x) for x in self.size.split("x"))
+            out.update(width=w, height=h, size_field="size")
+        elif self.width is not None:
+            out.update(width=self.width, height=self.height, size_field="width")
+        elif vp.width is not None:
+            out.update(width=vp.width, height=vp.height, size_field="video_params.width")
+        fps = self.fps if self.fps is not None else vp.fps
+        if fps is not None:
+            out["fps"] = fps
+            out["fps_field"] = "fps" if self.fps is not None else "video_params.fps"
+        frames = self.num_frames if self.num_frames is not None else vp.num_frames
+        if frames is not None:
+            out["num_frames"] = frames
+            out["frames_field"] = "num_frames" if self.num_frames is not None else "video_params.num_frames"
+        if self.seconds is not None:
+            out["seconds"] = self.seconds
+        return out
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the loaded model is and can honour (from the inference YAML and the workers)."""
+
+    id: str
+    family: str
+    caps: Capabilities
+    width: int
+    height: int
+    num_frames: int
+    fps: int
+    steps: int
+    guidance_scale: float
+    max_seconds: float
+    default_work: str
+    created: int
+
+
+def snap_frames(seconds: float, fps: int, multiple: int) -> int:
+    """Frames for ``seconds`` at ``fps`` on the grid ``multiple*k + 1``: the smallest grid count that
+    covers ``seconds * fps`` (at least ``multiple + 1``), so a clip is never shorter than asked."""
+    target = seconds * fps
+    k = max(1, math.ceil(round(target - 1, 6) / multiple))
+    return multiple * k + 1
+
+
+def _frames(
+    req: VideoCreateRequest, g: dict[str, Any], fps: int, model: ServedModel
+) -> tuple[int, str] | None:
+    """(num_frames, the field that decided it) from one layer of the request, or None."""
+    caps = model.caps
+    if "num_frames" in g:
+        n, field = g["num_frames"], g["frames_field"]
+        if (n - 1) % caps.frame_multiple or n > caps.max_frames:
+            raise InvalidField(
+                f"must be {caps.frame_multiple}*k+1 and at most {caps.max_frames} for this model, got {n}",
+                field,
+            )
+        return n, field
+    if "seconds" in g:
+        seconds = g["seconds"]
+        if seconds > model.max_seconds:
+            raise InvalidField(f"at most {model.max_seconds:g} on this server, got {seconds:g}", "seconds")
+        n = snap_frames(seconds, fps, caps.frame_multiple)
+        if n > caps.max_frames:
+            raise InvalidField(
+                f"{seconds:g} s at {fps} fps is more than this model's {caps.max_frames} frames", "seconds"
+            )
+        return n, "seconds"
+    return None
+
+
+def _image_ref(ref: ReferenceObject, field: str) -> InputRef:
+    if ref.file_id is not None:
+        raise InvalidField(
+            "file_id references are not served (no Files store): send image_url", f"{field}.file_id"
+        )
+    if ref.video_url is not None:
+        raise InvalidField("video references are not served by this server", f"{field}.video_url")
+    if ref.image_url is None:
+        raise InvalidField("needs an image_url", field)
+    return InputRef(f"{field}.image_url", ref.image_url)
+
+
+# -- responses ----------------------------------------------------------------------------------
+
+VideoStatus = Literal["queued", "in_progress", "completed", "failed", "cancelled"]
+
+
+class VideoError(BaseModel):
+    code: str
+    message: str
+    param: str | None = None
+    type: str = "server_error"
+    status: int = Field(description="The HTTP status the request would have had.")
+
+
+class VideoExtension(BaseModel):
+    """shotloom's own block of the video object."""
+
+    frames: int | None = None
+    fps: int | None = None
+    seed: int | None = None
+    steps: int | None = None
+    step: int | None = Field(default=None, description="Denoise steps done.")
+    phase: str | None = Field(default=None, description="The work now running (a stage name).")
+    eta_s: float | None = Field(default=None, description="Seconds the job still expects to take.")
+    file_name: str | None = None
+    stage_timings: dict[str, float] = Field(default_factory=dict)
+    peak_memory_mb: float | None = None
+    queue_position: int | None = None
+    worker: str | None = None
+    work_id: str | None = None
+    shot_id: str | None = None
+    version_id: str | None = None
+
+
+class Video(BaseModel):
+    """The OpenAI video object."""
+
+    id: str
+    object: Literal["video"] = "video"
+    model: str
+    status: VideoStatus
+    progress: int = Field(ge=0, le=100)
+    created_at: int
+    completed_at: int | None = None
+    expires_at: int | None = None
+    seconds: str
+    size: str
+    prompt: str | None = None
+    error: VideoError | None = None
+    remixed_from_video_id: str | None = None
+    shotloom: VideoExtension
+
+
+class VideoList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Video]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool
+
+
+class VideoDeleted(BaseModel):
+    id: str
+    object: Literal["video.deleted"] = "video.deleted"
+    deleted: bool
+    status: VideoStatus = Field(description="cancelled/in_progress when DELETE cancelled the job.")
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "shotloom"
+    family: str
+    capabilities: dict[str, Any] | None = None
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    adapters: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+VIDEO_ID = re.compile(r"^video_[0-9a-f]{32}$")
+
+
+def video_id(version_id: str) -> str:
+    return f"video_{version_id}"
+
+
+def version_of(video: str) -> str | None:
+    """``video_<hex>`` -> the store's version id (None for anything else)."""
+    return video[len("video_") :] if VIDEO_ID.match(video) else None

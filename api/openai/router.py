@@ -1,0 +1,267 @@
+"""The OpenAI dialect's routes (``/v1``): HTTP only; the logic is in :mod:`api.openai.serving`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, Response
+from starlette.background import BackgroundTask
+from starlette.datastructures import UploadFile
+
+from api.context import ApiContext
+from api.openai.errors import ErrorBody, OpenAIError
+from api.openai.forms import FormError, unflatten
+from api.openai.protocol import (
+    ModelCard,
+    ModelList,
+    Video,
+    VideoCreateRequest,
+    VideoDeleted,
+    VideoList,
+    version_of,
+)
+from api.openai.serving import VideoServing
+from api.store import UnknownVersion
+from shotloom.media import file_sha256
+
+SYNC_POLL_S = 0.2
+POLL_HEADER = "openai-poll-after-ms"
+UPLOAD_FIELDS = ("input_reference", "first_frame", "last_frame")
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "Invalid request; `param` names the field."},
+    404: {"model": ErrorBody, "description": "Unknown video or model."},
+}
+_CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_ERRORS,
+    409: {"model": ErrorBody, "description": "An Idempotency-Key reused for another request."},
+    429: {"model": ErrorBody, "description": "queue_full, with Retry-After."},
+    501: {"model": ErrorBody, "description": "The H.264/AAC encoder is missing."},
+    503: {"model": ErrorBody, "description": "Not ready (starting, or no worker has loaded the model)."},
+}
+_CREATE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/VideoCreateRequest"}},
+            "multipart/form-data": {"schema": {"$ref": "#/components/schemas/VideoCreateRequest"}},
+        },
+    }
+}
+
+
+async def read_request(request: Request, spool: Path) -> tuple[dict[str, Any], dict[str, Path]]:
+    """The body as the same nested object whether JSON or the SDK's multipart form, and the file
+    parts spooled to disk."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "application/json" or kind.endswith("+json"):
+        raw = await request.body()
+        try:
+            data = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise OpenAIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+        if not isinstance(data, dict):
+            raise OpenAIError(400, "the body must be a JSON object", code="invalid_json")
+        return data, {}
+    if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        try:
+            form = await request.form()
+        except Exception as exc:  # python-multipart's errors: a malformed body
+            raise OpenAIError(400, f"malformed form body: {exc}", code="invalid_multipart") from None
+        fields: list[tuple[str, Any]] = []
+        uploads: dict[str, Path] = {}
+        for key, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                if key in uploads:
+                    raise OpenAIError(400, f"{key}: one file per field", param=key, code="invalid_value")
+                path = spool / f"{len(uploads)}-{Path(value.filename or 'upload').name}"
+                with path.open("wb") as out:
+                    await run_in_threadpool(shutil.copyfileobj, value.file, out, 1 << 20)
+                uploads[key] = path
+            else:
+                fields.append((key, value))
+        try:
+            data = unflatten(fields)
+        except FormError as exc:
+            raise OpenAIError(400, str(exc), param=exc.field, code="invalid_multipart") from None
+        for name in UPLOAD_FIELDS:
+            if name in uploads and name in data:
+                raise OpenAIError(
+                    400, f"{name}: given as a file and as a value", param=name, code="invalid_value"
+                )
+        return data, uploads
+    raise OpenAIError(
+        400,
+        f"unsupported content type {kind or '(none)'!r}: send application/json or multipart/form-data",
+        code="invalid_content_type",
+    )
+
+
+def openai_router(ctx: ApiContext) -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["openai"])
+    serving = VideoServing(ctx)
+
+    def video_response(video: Video, status: int = 200) -> Response:
+        return Response(
+            video.model_dump_json(),
+            status_code=status,
+            media_type="application/json",
+            headers={POLL_HEADER: str(serving.poll_after_ms(video))},
+        )
+
+    def view(job) -> Video:
+        position = ctx.store.queue_position(job.version_id) if job.status == "queued" else None
+        return serving.video(job, position)
+
+    async def accept(request: Request, idempotency_key: str | None) -> Any:
+        assets = ctx.jobs.assets_dir
+        assets.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=assets, prefix="upload-") as tmp:
+            raw, uploads = await read_request(request, Path(tmp))
+            req = serving.parse(raw)
+            digests = {name: await run_in_threadpool(file_sha256, path) for name, path in uploads.items()}
+            job, _created = await run_in_threadpool(serving.create, req, uploads, digests, idempotency_key)
+        return job
+
+    @router.get("/models", response_model=ModelList)
+    def list_models() -> ModelList:
+        return ModelList(data=[serving.model_card()])
+
+    @router.get("/models/{model}", response_model=ModelCard, responses=_ERRORS)
+    def get_model(model: str) -> ModelCard:
+        return serving.model(model)
+
+    @router.post("/videos", response_model=Video, responses=_CREATE_ERRORS, openapi_extra=_CREATE_BODY)
+    async def create_video(
+        request: Request, idempotency_key: Annotated[str | None, Header(max_length=255)] = None
+    ) -> Response:
+        """Queue a video job (JSON or multipart, as the `openai` SDK sends it); poll it by id."""
+        job = await accept(request, idempotency_key)
+        return video_response(view(job))
+
+    @router.post(
+        "/videos/generations", response_model=Video, responses=_CREATE_ERRORS, openapi_extra=_CREATE_BODY
+    )
+    async def create_video_alias(
+        request: Request, idempotency_key: Annotated[str | None, Header(max_length=255)] = None
+    ) -> Response:
+        """Alias of `POST /v1/videos` for older FastVideo clients."""
+        job = await accept(request, idempotency_key)
+        return video_response(view(job))
+
+    @router.post(
+        "/videos/sync",
+        responses={
+            200: {"content": {"video/mp4": {}}, "description": "The MP4."},
+            504: {"model": ErrorBody, "description": "Not done in time: poll the named job instead."},
+            **_CREATE_ERRORS,
+        },
+        openapi_extra=_CREATE_BODY,
+    )
+    async def create_video_sync(
+        request: Request, idempotency_key: Annotated[str | None, Header(max_length=255)] = None
+    ) -> Response:
+        """Generate and answer with the MP4 itself; the server keeps no copy."""
+        job = await accept(request, idempotency_key)
+        vid = f"video_{job.version_id}"
+        deadline = time.monotonic() + ctx.api.openai.sync_timeout_seconds
+        while job.status in ("queued", "running"):
+            if await request.is_disconnected():  # nobody waits for it any more
+                await run_in_threadpool(ctx.jobs.cancel, job.version_id)
+                return Response(status_code=499)
+            if time.monotonic() > deadline:
+                raise OpenAIError(
+                    504,
+                    f"{vid} did not finish within {ctx.api.openai.sync_timeout_seconds:g} s; "
+                    f"poll GET /v1/videos/{vid} instead",
+                    param=None,
+                    code="timeout",
+                    headers={"Location": f"/v1/videos/{vid}"},
+                )
+            await asyncio.sleep(SYNC_POLL_S)
+            job = ctx.store.get(job.version_id)
+        video = serving.video(job)
+        if job.status != "succeeded":
+            status = video.error.status if video.error else 500
+            message = video.error.message if video.error else f"{vid} was {video.status}"
+            raise OpenAIError(status, message, code=video.error.code if video.error else video.status)
+        path = serving.content_path(vid, "video")
+        ext = video.shotloom
+        headers = {
+            "X-Request-Id": vid,
+            "X-Model": video.model,
+            "X-Inference-Time-S": f"{sum(ext.stage_timings.values()):.3f}",
+            "X-Stage-Durations": json.dumps(ext.stage_timings, separators=(",", ":")),
+            "X-Peak-Memory-MB": f"{ext.peak_memory_mb:.1f}" if ext.peak_memory_mb is not None else "",
+        }
+        return FileResponse(
+            path,
+            media_type="video/mp4",
+            headers=headers,
+            background=BackgroundTask(serving.remove, job),  # the file goes once it is sent
+        )
+
+    @router.get("/videos", response_model=VideoList, responses=_ERRORS)
+    def list_videos(
+        after: Annotated[str | None, Query(description="A video id: the page starts after it.")] = None,
+        limit: Annotated[int, Query(ge=1, le=100)] = 20,
+        order: Literal["asc", "desc"] = "desc",
+    ) -> VideoList:
+        version = None
+        if after is not None:
+            version = version_of(after)
+            if version is None:
+                raise OpenAIError(404, f"no video {after!r}", param="after", code="not_found")
+        try:
+            jobs, more = ctx.store.list_jobs("openai", after=version, limit=limit, order=order)
+        except UnknownVersion:
+            raise OpenAIError(404, f"no video {after!r}", param="after", code="not_found") from None
+        data = [view(j) for j in jobs]
+        return VideoList(
+            data=data,
+            first_id=data[0].id if data else None,
+            last_id=data[-1].id if data else None,
+            has_more=more,
+        )
+
+    @router.get("/videos/{video_id}", response_model=Video, responses=_ERRORS)
+    def get_video(video_id: str) -> Response:
+        video = view(serving.job(video_id))
+        return video_response(video, serving.failed_status(video))
+
+    @router.get(
+        "/videos/{video_id}/content",
+        response_class=FileResponse,
+        responses={
+            200: {"content": {"video/mp4": {}, "image/png": {}}, "description": "The file."},
+            409: {"model": ErrorBody, "description": "not_ready: the job has not completed."},
+            **_ERRORS,
+        },
+    )
+    def get_content(
+        video_id: str, variant: Literal["video", "thumbnail", "spritesheet"] = "video"
+    ) -> Response:
+        path = serving.content_path(video_id, variant)
+        media_type = "video/mp4" if variant == "video" else "image/png"
+        return FileResponse(path, media_type=media_type, filename=f"{video_id}{path.suffix}")
+
+    @router.delete("/videos/{video_id}", response_model=VideoDeleted, responses=_ERRORS)
+    def delete_video(video_id: str) -> VideoDeleted:
+        return serving.delete(video_id)
+
+    return router
+
+
+def openapi_components() -> dict[str, Any]:
+    """Schemas the routes reference by name but FastAPI cannot see (bodies read by hand)."""
+    schema = VideoCreateRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    defs = schema.pop("$defs", {})
+    return {"VideoCreateRequest": schema, **defs}

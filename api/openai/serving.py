@@ -1,0 +1,349 @@
+"""The OpenAI dialect's serving layer: requests into the job service, store records into video
+objects (status, progress, phase, ETA), and the cancel/delete semantics of the video job API."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from api.context import ApiContext
+from api.core.errors import EncoderMissing, NotFound, ServiceError, Unavailable
+from api.health import missing_encoders
+from api.openai.errors import OpenAIError, validation_error
+from api.openai.protocol import (
+    ModelCard,
+    ServedModel,
+    Video,
+    VideoCreateRequest,
+    VideoDeleted,
+    VideoError,
+    VideoExtension,
+    version_of,
+    video_id,
+)
+from api.store import JobRecord
+from shotloom import stages
+
+log = logging.getLogger("shotloom.api.openai")
+
+STATUS = {
+    "queued": "queued",
+    "running": "in_progress",
+    "succeeded": "completed",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
+# Progress: 0 while queued and encoding, 5 once the prompt is encoded, to 90 across the denoise
+# steps, to 99 across the decoded pieces, 100 when the MP4 is written.
+ENCODED, DENOISED, DECODED = 5, 90, 99
+_ENCODING = {
+    stages.CLAIMED,
+    stages.WAITING_FOR_MEMORY,
+    stages.RECOVERED,
+    stages.VALIDATING,
+    stages.CACHE_LOOKUP,
+    stages.KEEPING_ON_GPU,
+    stages.STAGING_ON_CPU,
+    stages.UNLOADING,
+    stages.CONDITIONING,
+}
+POLL_QUEUED_MS, POLL_MIN_MS, POLL_MAX_MS = 2000, 250, 2000
+TIMING_CACHE_S = 5.0  # the median job time behind ETAs is re-read at most this often
+
+
+@contextmanager
+def openai_errors() -> Iterator[None]:
+    try:
+        yield
+    except ServiceError as exc:
+        raise OpenAIError.from_service(exc) from None
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def _progress(job: JobRecord, steps: int) -> tuple[int, int | None]:
+    """(progress percent, denoise steps done) from the job's stage and live progress."""
+    if job.status == "succeeded":
+        return 100, steps
+    prog = (job.live or {}).get("progress") or {}
+    done, total = prog.get("done", 0), max(1, prog.get("total", 1))
+    stage = job.stage
+    if stage in (stages.QUEUED, *_ENCODING) or job.status == "queued":
+        return 0, 0
+    if stage in (stages.LOADING_GENERATOR, stages.INFERRING):
+        if prog.get("stage") == stages.INFERRING:
+            return ENCODED + (DENOISED - ENCODED) * done // total, done
+        return ENCODED, 0
+    if stage == stages.DECODING:
+        if prog.get("stage") == stages.DECODING:
+            return DENOISED + (DECODED - DENOISED) * done // total, steps
+        return DENOISED, steps
+    if stage == stages.WRITING:
+        return DECODED, steps
+    return 0, None
+
+
+def _stage_durations(job: JobRecord) -> dict[str, float]:
+    times = list(((job.live or {}).get("stage_times") or {}).items())
+    out = {}
+    for (stage, at), nxt in zip(times, [*times[1:], (None, job.finished_at)], strict=False):
+        end = nxt[1]
+        if end is not None and stage not in stages.TERMINAL:
+            out[stage] = round(max(0.0, end - at), 3)
+    return out
+
+
+class VideoServing:
+    def __init__(self, ctx: ApiContext):
+        self.ctx = ctx
+        self.jobs = ctx.jobs
+        self.config = ctx.api.openai
+        self._operator: VideoCreateRequest | None = None
+        if self.config.default_request:
+            # Checked at start: a bad operator default is a configuration error, not a client's.
+            self._operator = VideoCreateRequest.model_validate({"prompt": "-", **self.config.default_request})
+        self._timing: tuple[float, float | None] = (0.0, None)
+
+    # -- the model --------------------------------------------------------------------------------
+    def model_id(self) -> str:
+        return self.config.served_model_name or self.ctx.inference.paths.checkpoint.name
+
+    def served(self) -> ServedModel:
+        caps = self.jobs.capabilities()
+        if caps is None:
+            raise Unavailable("the model is not loaded on any worker yet; retry shortly")
+        inf = self.ctx.inference
+        return ServedModel(
+            id=self.model_id(),
+            family=inf.family,
+            caps=caps,
+            width=inf.defaults.width,
+            height=inf.defaults.height,
+            num_frames=inf.defaults.num_frames,
+            fps=inf.defaults.fps,
+            steps=inf.sampler.steps,
+            guidance_scale=inf.sampler.guidance_scale,
+            max_seconds=self.config.max_seconds,
+            default_work=self.config.default_work,
+            created=int(self.ctx.inference.paths.checkpoint.stat().st_mtime)
+            if self.ctx.inference.paths.checkpoint.exists()
+            else 0,
+        )
+
+    def model_card(self) -> ModelCard:
+        inf = self.ctx.inference
+        published = self.ctx.follower.capabilities()
+        created = inf.paths.checkpoint.stat().st_mtime if inf.paths.checkpoint.exists() else 0
+        return ModelCard(
+            id=self.model_id(),
+            created=int(created),
+            family=inf.family,
+            capabilities=published,
+            defaults={
+                "size": f"{inf.defaults.width}x{inf.defaults.height}",
+                "num_frames": inf.defaults.num_frames,
+                "fps": inf.defaults.fps,
+                "seconds": f"{inf.defaults.num_frames / inf.defaults.fps:g}",
+                "num_inference_steps": inf.sampler.steps,
+                "guidance_scale": inf.sampler.guidance_scale,
+            },
+        )
+
+    def model(self, name: str) -> ModelCard:
+        if name != self.model_id():
+            raise OpenAIError(
+                404, f"the model {name!r} is not served here", param="model", code="model_not_found"
+            )
+        return self.model_card()
+
+    # -- create ---------------------------------------------------------------------------------
+    def parse(self, raw: dict[str, Any]) -> VideoCreateRequest:
+        if self.config.unknown_fields == "warn":
+            known = set(VideoCreateRequest.model_fields)
+            unknown = sorted(k for k in raw if k not in known)
+            if unknown:
+                log.warning("ignoring unknown /v1/videos fields: %s", ", ".join(unknown))
+                raw = {k: v for k, v in raw.items() if k in known}
+        with openai_errors():
+            return VideoCreateRequest.model_validate(raw)
+
+    def create(
+        self,
+        req: VideoCreateRequest,
+        uploads: dict[str, Path],
+        upload_digests: dict[str, str],
+        idempotency_key: str | None,
+        submitter: str | None = None,
+    ) -> tuple[JobRecord, bool]:
+        with openai_errors():
+            if not self.ctx.follower.started:
+                raise Unavailable("the service is starting")
+            missing = missing_encoders()
+            if missing:
+                raise EncoderMissing(
+                    f"the FFmpeg bundled with PyAV lacks the {' and '.join(missing)} encoder(s) the MP4 "
+                    "writer needs (H.264 video, AAC audio): install a PyAV wheel that bundles them"
+                )
+            spec = req.to_spec(
+                self.served(),
+                operator=self._operator,
+                uploads=uploads,
+                version_id=uuid.uuid4().hex,
+                seed=req.seed if req.seed is not None else self._operator_seed(),
+                job_id=f"openai:{idempotency_key}" if idempotency_key else None,
+                submitter=submitter,
+                upload_digests=upload_digests,
+            )
+            accepted = self.jobs.accept_shot(spec)
+            return accepted.job, accepted.created
+
+    def _operator_seed(self) -> int:
+        if self._operator is not None and self._operator.seed is not None:
+            return self._operator.seed
+        return secrets.randbelow(2**32)
+
+    # -- read -----------------------------------------------------------------------------------
+    def job(self, video: str) -> JobRecord:
+        version = version_of(video)
+        job = self.ctx.store.get(version) if version else None
+        if job is None or job.dialect != "openai":
+            raise OpenAIError(404, f"no video {video!r}", param="video_id", code="not_found")
+        return job
+
+    def median_job_s(self) -> float | None:
+        at, value = self._timing
+        if time.monotonic() - at > TIMING_CACHE_S:
+            value = self.jobs.job_seconds()
+            self._timing = (time.monotonic(), value)
+        return value
+
+    def video(self, job: JobRecord, position: int | None = None) -> Video:
+        config = job.request.get("run_config", {}).get("ops", {}).get("condition_op", {}).get("config", {})
+        client = job.request.get("client", {})
+        steps = self.ctx.inference.sampler.steps
+        progress, step = _progress(job, steps)
+        live = job.live or {}
+        frames, fps = config.get("num_frames"), config.get("fps")
+        width, height = config.get("width"), config.get("height")
+        result = job.result or {}
+        phase = "completed" if job.status == "succeeded" else job.stage
+        eta = self._eta(job, position)
+        worker = (live.get("worker") or {}).get("name")
+        resources = (live.get("worker") or {}).get("resources") or {}
+        peak = resources.get("peak_rss_mb") or resources.get("gpu_peak_mb")
+        file_name = Path(str(result.get("video_url"))).name if result.get("video_url") else None
+        error = None
+        if job.status == "failed":
+            error = VideoError(
+                code="generation_failed", message=job.error or "the generation failed", status=500
+            )
+        return Video(
+            id=video_id(job.version_id),
+            model=client.get("model") or self.model_id(),
+            status=STATUS[job.status],
+            progress=progress,
+            created_at=int(job.created_at),
+            completed_at=int(job.finished_at) if job.finished_at and job.status == "succeeded" else None,
+            expires_at=None,
+            seconds=f"{frames / fps:g}" if frames and fps else "0",
+            size=f"{width}x{height}" if width and height else "",
+            prompt=config.get("prompt"),
+            error=error,
+            shotloom=VideoExtension(
+                frames=frames,
+                fps=fps,
+                seed=config.get("seed"),
+                steps=steps,
+                step=step,
+                phase=phase,
+                eta_s=eta,
+                file_name=file_name,
+                stage_timings=_stage_durations(job),
+                peak_memory_mb=peak,
+                queue_position=position,
+                worker=worker,
+                work_id=job.work_id,
+                shot_id=job.shot_id,
+                version_id=job.version_id,
+            ),
+        )
+
+    def _eta(self, job: JobRecord, position: int | None) -> float | None:
+        if job.status not in ("queued", "running"):
+            return 0.0 if job.status == "succeeded" else None
+        median = self.median_job_s()
+        if median is None:
+            return None
+        if job.status == "queued":
+            devices = max(1, len(self.ctx.worker_names))
+            return round(median * (1 + ((position or 1) - 1) // devices), 1)
+        times = (job.live or {}).get("stage_times") or {}
+        started = min((t for s, t in times.items() if s != stages.QUEUED), default=None)
+        elapsed = time.time() - started if started else 0.0
+        return round(max(0.0, median - elapsed), 1)
+
+    @staticmethod
+    def poll_after_ms(video: Video) -> int:
+        """How long a poller should wait: shorter as the job nears its end."""
+        if video.status == "queued":
+            return POLL_QUEUED_MS
+        if video.status != "in_progress":
+            return POLL_MAX_MS
+        eta = video.shotloom.eta_s
+        if eta is None:
+            return 1000
+        return int(min(POLL_MAX_MS, max(POLL_MIN_MS, eta * 1000 / 4)))
+
+    def failed_status(self, video: Video) -> int:
+        """GET of a failed job answers with the status its request would have had."""
+        return video.error.status if video.error is not None else 200
+
+    # -- cancel and delete ------------------------------------------------------------------------
+    def delete(self, video: str) -> VideoDeleted:
+        """Queued: cancelled at once. Running: answered at once, stops at its next step or piece.
+        Finished (or a cancelled one, the second time): removed with its files."""
+        job = self.job(video)
+        with openai_errors():
+            if job.status in ("queued", "running"):
+                job = self.jobs.cancel(job.version_id)
+                return VideoDeleted(id=video, deleted=False, status=STATUS[job.status])
+            if (
+                job.status == "cancelled"
+                and job.cancel_requested_at is not None
+                and not self._second_delete(job)
+            ):
+                return VideoDeleted(id=video, deleted=False, status="cancelled")
+            self.jobs.delete(job.version_id)
+        return VideoDeleted(id=video, deleted=True, status=STATUS[job.status])
+
+    def content_path(self, video: str, variant: str) -> Path:
+        job = self.job(video)
+        if job.status != "succeeded":
+            raise OpenAIError(
+                409,
+                f"video {video} is {STATUS[job.status]}, not completed",
+                param="video_id",
+                code="not_ready",
+            )
+        kind, role = ("video", None) if variant == "video" else ("image", variant)
+        path = self.jobs.artifact_path(job.version_id, kind, role)
+        if path is None:
+            raise OpenAIError(
+                404, f"video {video} has no {variant} (anymore)", param="variant", code="not_found"
+            )
+        return path
+
+    def remove(self, job: JobRecord) -> None:
+        """Drop a finished job and its files (the sync route's temporary output)."""
+        try:
+            self.jobs.delete(job.version_id)
+        except (NotFound, ServiceError) as exc:
+            log.warning("could not remove %s: %s", job.version_id, exc)

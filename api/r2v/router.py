@@ -1,0 +1,90 @@
+"""The R2V scheduler dialect's routes (r2v spec "HTTP API"): POST /r2v, POST /merge,
+GET /version/{id}, GET /artifact/{id}. Reads answer from the service store (fast, and the same
+after a restart); writes go through the job service."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header
+from fastapi.responses import Response
+
+from api.context import ApiContext
+from api.r2v.protocol import (
+    CALLBACK_HEADER,
+    AcceptedResponse,
+    ArtifactResponse,
+    MergeRequest,
+    R2VRequest,
+    VersionResponse,
+)
+from api.r2v.serving import ApiError, R2VServing
+from api.r2v.views import VersionViews, artifact_response, task_fields
+from api.store import JobRecord
+
+VERSION_CACHE_SIZE = 10_000  # cached GET /version bodies; cleared when full
+_ERRORS = {404: {"description": "Unknown id."}}
+_WRITE_ERRORS = {
+    409: {"description": "Conflicting reuse of a job_id, or a referenced shot that is unavailable."},
+    422: {"description": "Invalid field, resource URL/path, or media; the message names the field."},
+    503: {"description": "Not ready, or the queue is past its configured maximum."},
+}
+_REPLAY = {200: {"description": "Replay of an earlier job_id: the original task."}}
+
+
+def r2v_router(ctx: ApiContext) -> APIRouter:
+    router = APIRouter(tags=["r2v"])
+    serving = R2VServing(ctx.jobs)
+    base = ctx.api.base_url()
+
+    def accepted(job: JobRecord, created: bool) -> Response:
+        job, position, artifacts = ctx.store.version_view(job.version_id)
+        body = AcceptedResponse(**task_fields(job, position, artifacts, base)).model_dump_json()
+        return Response(body, status_code=202 if created else 200, media_type="application/json")
+
+    def ready_or_503() -> None:
+        if not ctx.follower.started:
+            raise ApiError(503, "the service is starting")
+
+    @router.post(
+        "/r2v", response_model=AcceptedResponse, status_code=202, responses={**_REPLAY, **_WRITE_ERRORS}
+    )
+    def post_r2v(
+        req: R2VRequest,
+        callback_header: Annotated[str | None, Header(alias=CALLBACK_HEADER)] = None,
+    ) -> Response:
+        """Queue one reference-to-video job; poll ``status_url``."""
+        ready_or_503()
+        result = serving.accept_r2v(req, callback_header)
+        return accepted(result.job, result.created)
+
+    @router.post(
+        "/merge", response_model=AcceptedResponse, status_code=202, responses={**_REPLAY, **_WRITE_ERRORS}
+    )
+    def post_merge(
+        req: MergeRequest,
+        callback_header: Annotated[str | None, Header(alias=CALLBACK_HEADER)] = None,
+    ) -> Response:
+        """Queue an ordered concatenation of shots (by ``version_id`` or ``video_url``)."""
+        ready_or_503()
+        result = serving.accept_merge(req, callback_header)
+        return accepted(result.job, result.created)
+
+    # Pollers hit this hard: served on the event loop (no threadpool hop) from cached bodies.
+    views = VersionViews(ctx.store, base, VERSION_CACHE_SIZE)
+
+    @router.get("/version/{version_id}", response_model=VersionResponse, responses=_ERRORS)
+    async def get_version(version_id: str) -> Response:
+        body = views.body(version_id)
+        if body is None:
+            raise ApiError(404, f"unknown version {version_id!r}")
+        return Response(body, media_type="application/json")
+
+    @router.get("/artifact/{artifact_id}", response_model=ArtifactResponse, responses=_ERRORS)
+    async def get_artifact(artifact_id: str) -> Response:
+        art = ctx.store.get_artifact(artifact_id)
+        if art is None:
+            raise ApiError(404, f"unknown artifact {artifact_id!r}")
+        return Response(artifact_response(art, base).model_dump_json(), media_type="application/json")
+
+    return router
