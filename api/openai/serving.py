@@ -315,12 +315,7 @@ class VideoServing:
             if job.status in ("queued", "running"):
                 job = self.jobs.cancel(job.version_id)
                 return VideoDeleted(id=video, deleted=False, status=STATUS[job.status])
-            if (
-                job.status == "cancelled"
-                and job.cancel_requested_at is not None
-                and not self._second_delete(job)
-            ):
-                return VideoDeleted(id=video, deleted=False, status="cancelled")
+            # A cancelled job kept its record after the DELETE that cancelled it: this one removes it.
             self.jobs.delete(job.version_id)
         return VideoDeleted(id=video, deleted=True, status=STATUS[job.status])
 

@@ -1,0 +1,333 @@
+"""The OpenAI-compatible video API (/v1), driven by the official ``openai`` SDK and by raw HTTP,
+on the whole stack started by server.py (2 CPU workers, the tiny Wan checkpoint).
+
+One stack for the module; tests run in file order. Every finished video is downloaded and decoded
+back (MP4 with PyAV, stills with Pillow).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+
+from api_stack import ApiStack, start_api_stack, stop_api_stack, wait_for
+from shotloom.media import probe
+
+pytestmark = pytest.mark.slow
+
+MODEL = "wan-test"
+
+
+def png_bytes(seed: int = 0, size: int = 64) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 255, (size, size, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def data_url(seed: int = 0) -> str:
+    return "data:image/png;base64," + base64.b64encode(png_bytes(seed)).decode()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, wan_checkpoint) -> ApiStack:
+    root = tmp_path_factory.mktemp("openai")
+    s = start_api_stack(
+        root,
+        wan_checkpoint,
+        api={"openai": {"served_model_name": MODEL, "default_work": "sdk-work"}},
+    )
+    yield s
+    stop_api_stack(s)
+
+
+@pytest.fixture(scope="module")
+def client(stack) -> openai.OpenAI:
+    with openai.OpenAI(base_url=stack.base + "/v1", api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
+
+
+def decode(content: bytes, tmp_path, name: str = "out.mp4"):
+    path = tmp_path / name
+    path.write_bytes(content)
+    return probe(path)
+
+
+def wait_status(stack: ApiStack, vid: str, statuses: tuple[str, ...], timeout: float = 120) -> dict:
+    def reached():
+        body = stack.get(f"/v1/videos/{vid}").json()
+        return body if body["status"] in statuses else None
+
+    return wait_for(reached, timeout, f"{vid} in {statuses}", interval=0.3)
+
+
+def test_models_list_and_retrieve(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    card = client.models.retrieve(MODEL)
+    assert card.id == MODEL and card.owned_by == "shotloom"
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("no-such-model")
+    assert info.value.body["code"] == "model_not_found"
+
+
+def test_create_and_poll_then_download_every_variant(client, stack, tmp_path):
+    video = client.videos.create_and_poll(
+        model=MODEL,
+        prompt="a lighthouse at dusk",
+        seconds="1",
+        size="64x64",
+        extra_body={"seed": 1234},
+        poll_interval_ms=300,
+    )
+    assert video.status == "completed", video.error
+    assert video.progress == 100 and video.completed_at is not None
+    assert video.size == "64x64"
+    ext = video.model_extra["shotloom"]
+    # 1 s at 16 fps asks for 16 frames: the Wan grid (4k+1) gives 17, reported as 1.0625 s.
+    assert ext["frames"] == 17 and ext["fps"] == 16 and video.seconds == "1.0625"
+    assert ext["seed"] == 1234 and ext["work_id"] == "sdk-work" and ext["shot_id"] == video.id
+    assert {"inferring", "decoding", "writing"} <= set(ext["stage_timings"])
+
+    info = decode(client.videos.download_content(video.id).read(), tmp_path)
+    assert (info.frames, info.width, info.height) == (17, 64, 64)
+    assert abs(info.duration_s - 17 / 16) < 1e-3 and info.has_audio and info.audio_codec == "aac"
+
+    thumb = Image.open(io.BytesIO(client.videos.download_content(video.id, variant="thumbnail").read()))
+    assert thumb.size == (64, 64)
+    sheet = Image.open(io.BytesIO(client.videos.download_content(video.id, variant="spritesheet").read()))
+    assert sheet.size[0] == 3 * 64 and sheet.size[1] == 3 * 64  # 3x3 cells of 64 px (under the 160 px cap)
+
+    # The same seed and request give the same pixels: the seed is the one reported.
+    again = client.videos.create_and_poll(
+        model=MODEL, prompt="a lighthouse at dusk", seconds="1", size="64x64", extra_body={"seed": 1234}
+    )
+    first = decode(client.videos.download_content(video.id).read(), tmp_path, "a.mp4")
+    second = decode(client.videos.download_content(again.id).read(), tmp_path, "b.mp4")
+    assert first.sha256 == second.sha256
+
+
+def test_random_seed_is_reported(client):
+    video = client.videos.create(model=MODEL, prompt="rain on a window", size="64x64", seconds="1")
+    seed = video.model_extra["shotloom"]["seed"]
+    assert isinstance(seed, int) and 0 <= seed < 2**32
+    assert video.status == "queued" and video.progress == 0
+
+
+def test_input_reference_file_and_extra_body_references(client, tmp_path):
+    video = client.videos.create_and_poll(
+        prompt="the same scene, later",  # model left out: one model is served
+        input_reference=("first.png", png_bytes(7), "image/png"),
+        extra_body={
+            "video_params": {"fps": 16, "num_frames": 9},
+            "image_reference": [{"image_url": data_url(8)}, {"image_url": data_url(9)}],
+        },
+        size="64x64",
+    )
+    assert video.status == "completed", video.error
+    assert video.model_extra["shotloom"]["frames"] == 9
+    info = decode(client.videos.download_content(video.id).read(), tmp_path)
+    assert info.frames == 9
+
+
+def test_json_body_means_what_the_form_means(stack):
+    body = {
+        "prompt": "json body",
+        "size": "64x64",
+        "width": 32,
+        "height": 32,  # size wins over width/height
+        "video_params": {"width": 48, "height": 48, "fps": 16, "num_frames": 13},
+        "num_frames": 5,  # top level wins over video_params
+        "seed": 5,
+    }
+    resp = stack.client.post(stack.base + "/v1/videos", json=body)
+    assert resp.status_code == 200, resp.text
+    video = resp.json()
+    assert video["size"] == "64x64" and video["shotloom"]["frames"] == 5
+    assert int(resp.headers["openai-poll-after-ms"]) > 0
+
+    # width/height over video_params when size is absent; num_frames from video_params.
+    body = {
+        "prompt": "json body",
+        "width": 32,
+        "height": 32,
+        "video_params": {"width": 48, "height": 48, "num_frames": 13},
+    }
+    video = stack.client.post(stack.base + "/v1/videos", json=body).json()
+    assert video["size"] == "32x32" and video["shotloom"]["frames"] == 13
+
+    # The same fields as a form (all strings, bracketed keys) give the same job.
+    form = {
+        "prompt": "json body",
+        "width": "32",
+        "height": "32",
+        "video_params[width]": "48",
+        "video_params[height]": "48",
+        "video_params[num_frames]": "13",
+    }
+    parts = [(k, (None, v)) for k, v in form.items()]  # multipart, as the SDK sends it
+    video = stack.client.post(stack.base + "/v1/videos", files=parts).json()
+    assert video["size"] == "32x32" and video["shotloom"]["frames"] == 13
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"size": "64x64"}, 400, "prompt"),
+        ({"prompt": "  "}, 400, "prompt"),
+        ({"prompt": "x", "model": "other"}, 404, "model"),
+        ({"prompt": "x", "seconds": "-1"}, 400, "seconds"),
+        ({"prompt": "x", "seconds": "600"}, 400, "seconds"),
+        ({"prompt": "x", "seconds": "abc"}, 400, "seconds"),
+        ({"prompt": "x", "size": "64by64"}, 400, "size"),
+        ({"prompt": "x", "size": "65x64"}, 400, "size"),
+        ({"prompt": "x", "num_frames": 16}, 400, "num_frames"),
+        ({"prompt": "x", "video_params": {"num_frames": 16}}, 400, "video_params.num_frames"),
+        ({"prompt": "x", "fps": 24}, 400, "fps"),
+        ({"prompt": "x", "seed": 2**32}, 400, "seed"),
+        ({"prompt": "x", "num_inference_steps": 50}, 400, "num_inference_steps"),
+        ({"prompt": "x", "guidance_scale": 1000}, 400, "guidance_scale"),
+        ({"prompt": "x", "negative_prompt": "blur"}, 400, "negative_prompt"),
+        ({"prompt": "x", "image_reference": [{"file_id": "file-1"}]}, 400, "image_reference[0].file_id"),
+        (
+            {"prompt": "x", "image_reference": [{"image_url": "data:image/png;base64,AAAA"}]},
+            400,
+            "image_reference[0].image_url",
+        ),
+        (
+            {"prompt": "x", "image_reference": [{"image_url": data_url(i)} for i in range(9)]},
+            400,
+            "image_reference",
+        ),
+        ({"prompt": "x", "first_frame": "ftp://example.com/a.png"}, 400, "first_frame"),
+        ({"prompt": "x", "first_frame": data_url(1), "input_reference": data_url(2)}, 400, "input_reference"),
+        ({"prompt": "x", "video_url": "http://example.com/a.mp4"}, 400, "video_url"),
+        ({"prompt": "x", "lora": {"name": "style"}}, 400, "lora"),
+        ({"prompt": "x", "extra_params": {"vsa_mode": "exempt"}}, 400, "extra_params"),
+        ({"prompt": "x", "guides": "[]"}, 400, "guides"),
+        ({"prompt": "x", "colour": "red"}, 400, "colour"),
+    ],
+)
+def test_refusals_name_the_field(stack, body, status, param):
+    resp = stack.client.post(stack.base + "/v1/videos", json=body)
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param, error
+    assert error["message"] and error["type"]
+
+
+def test_malformed_bodies_use_the_envelope(stack):
+    resp = stack.client.post(
+        stack.base + "/v1/videos", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_json"
+    resp = stack.client.post(
+        stack.base + "/v1/videos",
+        content=b"--x\r\nbroken",
+        headers={"Content-Type": "multipart/form-data; boundary=x"},
+    )
+    assert resp.status_code == 400 and "error" in resp.json()
+    # The R2V dialect keeps its own shape: a body that is not JSON is a 422 there.
+    resp = stack.client.post(
+        stack.base + "/r2v", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
+    assert resp.status_code == 422 and "detail" in resp.json()
+
+
+def test_list_pages_through_every_video(client):
+    ids = [v.id for v in client.videos.list(limit=100, order="asc").data]
+    assert len(ids) >= 5
+    # Iterating a page auto-paginates (after=<last id>) through every page.
+    paged = [v.id for v in client.videos.list(limit=2, order="asc")]
+    assert paged == ids
+    pages = list(client.videos.list(limit=2, order="asc").iter_pages())
+    assert len(pages) == (len(ids) + 1) // 2 and pages[-1].has_more is False
+    page = client.videos.list(limit=2, order="desc")
+    assert page.has_more and [v.id for v in page.data] == ids[::-1][:2]
+    assert page.model_extra["first_id"] == ids[-1] and page.last_id == ids[-2]
+
+
+def test_unknown_video_and_unfinished_content(client, stack):
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve("video_" + "0" * 32)
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve("not-a-video-id")
+    queued = client.videos.create(prompt="wait for it", size="64x64", seconds="1")
+    with pytest.raises(openai.ConflictError) as info:
+        client.videos.download_content(queued.id)
+    assert info.value.body["code"] == "not_ready"
+
+
+def test_delete_queued_running_and_finished(client, stack):
+    # Fill both workers and the queue, then cancel one that is still queued.
+    videos = [client.videos.create(prompt=f"clip {i}", size="64x64", seconds="2") for i in range(4)]
+    last = videos[-1]
+    deleted = client.videos.delete(last.id)
+    assert deleted.deleted is False and deleted.model_extra["status"] == "cancelled"
+    assert client.videos.retrieve(last.id).status == "cancelled"
+
+    # A running one: answered at once, stops at its next step; the workers survive.
+    running = wait_status(stack, videos[0].id, ("in_progress", "completed"))
+    if running["status"] == "in_progress":
+        deleted = client.videos.delete(videos[0].id)
+        assert deleted.deleted is False
+        done = wait_status(stack, videos[0].id, ("cancelled", "completed"))
+        assert done["status"] in ("cancelled", "completed")
+
+    # A finished one goes with its files; a cancelled one goes at the second DELETE.
+    finished = wait_status(stack, videos[1].id, ("completed",))
+    gone = client.videos.delete(finished["id"])
+    assert gone.deleted is True and gone.object == "video.deleted"
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve(finished["id"])
+    assert client.videos.delete(last.id).deleted is True
+    with pytest.raises(openai.NotFoundError):
+        client.videos.retrieve(last.id)
+
+    # The workers and their model survived: a new job completes.
+    after = client.videos.create_and_poll(prompt="after the cancels", size="64x64", seconds="1")
+    assert after.status == "completed"
+
+
+def test_sync_returns_the_mp4_and_keeps_no_copy(stack, tmp_path):
+    resp = stack.client.post(
+        stack.base + "/v1/videos/sync",
+        json={"prompt": "sync clip", "size": "64x64", "seconds": "1", "seed": 3},
+        timeout=120,
+    )
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"] == "video/mp4"
+    vid = resp.headers["X-Request-Id"]
+    assert resp.headers["X-Model"] == MODEL
+    assert float(resp.headers["X-Inference-Time-S"]) > 0
+    assert "inferring" in json.loads(resp.headers["X-Stage-Durations"])
+    info = decode(resp.content, tmp_path)
+    assert (info.frames, info.width) == (17, 64)
+    wait_for(lambda: stack.get(f"/v1/videos/{vid}").status_code == 404, 10, "the sync job to be removed")
+
+
+def test_idempotency_key_replays_the_same_video(stack):
+    headers = {"Idempotency-Key": "sdk-retry-1"}
+    body = {"prompt": "once only", "size": "64x64", "seconds": "1", "seed": 9}
+    first = stack.client.post(stack.base + "/v1/videos", json=body, headers=headers)
+    second = stack.client.post(stack.base + "/v1/videos", json=body, headers=headers)
+    assert first.status_code == second.status_code == 200
+    assert first.json()["id"] == second.json()["id"]
+    other = stack.client.post(stack.base + "/v1/videos", json={**body, "seed": 10}, headers=headers)
+    assert other.status_code == 409 and other.json()["error"]["code"] == "conflict"
+
+
+def test_v1_videos_are_r2v_runs_on_the_same_store(stack):
+    video = stack.client.post(
+        stack.base + "/v1/videos", json={"prompt": "shared", "size": "64x64", "seconds": "1"}
+    ).json()
+    version = stack.get(f"/version/{video['shotloom']['version_id']}").json()
+    assert version["kind"] == "r2v" and version["work_id"] == "sdk-work" and version["shot_id"] == video["id"]
+    assert httpx.get(stack.base + "/health").status_code == 200
