@@ -12,6 +12,7 @@ import logging
 import uvicorn
 
 from api.app import create_app
+from api.auth import load_keys
 from api.context import ApiContext
 from api.core.jobs import JobService
 from api.dagster_client import DagsterGateway
@@ -50,6 +51,7 @@ def build_context(cfg: ServerConfig) -> ApiContext:
         inference_config=str(config.relative_to(REPO_ROOT) if config.is_relative_to(REPO_ROOT) else config),
         inference=inference,
         residency_policy=cfg.runtime.dit_residency,
+        keys=load_keys(api.auth),
     )
 
 

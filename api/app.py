@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from api.context import ApiContext
+from api.deps import submitter_dependency
 from api.health import health_router
 from api.media_routes import media_router
 from api.openai.errors import OpenAIError, is_openai_path, openai_error_response, validation_error_response
 from api.openai.router import openai_router
 from api.r2v.protocol import validation_error_body
+from api.r2v.router import r2v_router
 from api.r2v.serving import ApiError
 
 
@@ -53,10 +55,9 @@ def create_app(ctx: ApiContext) -> FastAPI:
     async def _openai_error(_request: Request, exc: OpenAIError) -> JSONResponse:
         return openai_error_response(exc)
 
-    from api.r2v.router import r2v_router
-
     app.include_router(r2v_router(ctx))
     app.include_router(openai_router(ctx))
     app.include_router(health_router(ctx))
-    app.include_router(media_router(ctx.media_root))
+    submitter = submitter_dependency(ctx.keys, lambda message: ApiError(401, message))
+    app.include_router(media_router(ctx.media_root), dependencies=[Depends(submitter)])
     return app

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from api.auth import KeyRing
 from api.core.jobs import JobService
 from api.dagster_client import DagsterGateway
 from api.follower import Follower
@@ -26,4 +27,5 @@ class ApiContext:
     inference_config: str  # as the operator named it (for /health)
     inference: InferenceConfig
     residency_policy: str
+    keys: KeyRing = field(default_factory=lambda: KeyRing([]))
     health_cache: tuple[float, dict[str, Any]] | None = field(default=None, repr=False)

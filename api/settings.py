@@ -67,6 +67,24 @@ class OpenAIConfig(_Strict):
     )
 
 
+class AuthConfig(_Strict):
+    """Optional API keys. When any key is set, every route but ``/health`` needs
+    ``Authorization: Bearer <key>``; runs record the key's name (never the key) as their submitter."""
+
+    keys_env: str = Field(
+        default="SHOTLOOM_API_KEYS",
+        description="Env var with comma-separated keys, each 'name:key' (or a bare key, named key-<n>).",
+    )
+    key_file: Path | None = Field(
+        default=None, description="YAML mapping of key name -> key (relative: to the repository root)."
+    )
+
+    def resolved(self, base: Path) -> AuthConfig:
+        if self.key_file is None or self.key_file.is_absolute():
+            return self
+        return self.model_copy(update={"key_file": (Path(base) / self.key_file).resolve()})
+
+
 class ApiConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8221, ge=1, le=65535)
@@ -84,6 +102,7 @@ class ApiConfig(_Strict):
     )
     inputs: InputPolicy = Field(default_factory=InputPolicy)
     openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
 
     def base_url(self) -> str:
         """Public base URL without a trailing slash."""

@@ -144,7 +144,12 @@ class ServerConfig(_Strict):
                 "media_root": absolute(self.media_root) if self.media_root else state / "media",
                 "step_storage": absolute(self.step_storage) if self.step_storage else state / "steps",
                 "workspace": absolute(self.workspace),
-                "api": self.api.model_copy(update={"inputs": self.api.inputs.resolved(REPO_ROOT)}),
+                "api": self.api.model_copy(
+                    update={
+                        "inputs": self.api.inputs.resolved(REPO_ROOT),
+                        "auth": self.api.auth.resolved(REPO_ROOT),
+                    }
+                ),
             }
         )
 

@@ -78,10 +78,14 @@ def write_server_yaml(root: Path, checkpoint: Path, api: dict | None = None, **e
     return config, state
 
 
-def launch(config: Path, state: Path) -> ApiStack:
+def launch(config: Path, state: Path, authorization: str | None = None) -> ApiStack:
+    """Start server.py; ``authorization``: the API key the stack's client sends (keys set)."""
     data = yaml.safe_load(config.read_text())
     base = f"http://127.0.0.1:{data['api']['port']}"
-    return ApiStack(spawn_server(config, state), config, state, base, httpx.Client(timeout=30))
+    headers = {"Authorization": f"Bearer {authorization}"} if authorization else {}
+    return ApiStack(
+        spawn_server(config, state), config, state, base, httpx.Client(timeout=30, headers=headers)
+    )
 
 
 def wait_ready(stack: ApiStack, timeout: float = 150) -> ApiStack:
@@ -99,9 +103,11 @@ def wait_ready(stack: ApiStack, timeout: float = 150) -> ApiStack:
     return stack
 
 
-def start_api_stack(root: Path, checkpoint: Path, api: dict | None = None, **extra) -> ApiStack:
+def start_api_stack(
+    root: Path, checkpoint: Path, api: dict | None = None, authorization: str | None = None, **extra
+) -> ApiStack:
     config, state = write_server_yaml(root, checkpoint, api, **extra)
-    return wait_ready(launch(config, state))
+    return wait_ready(launch(config, state, authorization))
 
 
 def stop_api_stack(stack: ApiStack) -> None:

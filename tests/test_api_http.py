@@ -104,7 +104,7 @@ def test_health_reports_every_part_ready(api):
     assert [w["name"] for w in workers] == ["cpu-0", "cpu-1"]
     assert all(w["ready"] and w["weight_location"] and w["resources"]["ram_total_bytes"] for w in workers)
     assert set(body["queues"]) == {"r2v", "merge"}
-    assert set(body["queues"]["r2v"]) == {"queued", "running", "succeeded", "failed"}
+    assert set(body["queues"]["r2v"]) == {"queued", "running", "succeeded", "failed", "cancelled"}
     assert body["scheduler"]["workers_total"] == 2
     assert body["ffmpeg_available"] is True
     assert body["inference"]["residency"] == "auto"
@@ -135,8 +135,11 @@ def test_r2v_with_inline_first_frame_succeeds_and_calls_back(api, receiver):
     assert done["worker"]["name"] in ("cpu-0", "cpu-1")
     assert done["video_url"].startswith(api.base + "/media/r2v/film/s1/")
     assert png_data_url(1)[-80:] not in json.dumps(done["request"])  # inline data is not echoed back
-    [art] = done["artifacts"]
+    [art] = [a for a in done["artifacts"] if a["kind"] == "video"]
     assert art["url"] == done["video_url"] and art["sha256"] and art["bytes"] > 0
+    stills = {a["role"]: a for a in done["artifacts"] if a["kind"] == "image"}
+    assert set(stills) == {"thumbnail", "spritesheet"}  # made once, when the video was written
+    assert api.client.get(stills["thumbnail"]["url"]).headers["content-type"] == "image/png"
     assert "/tmp" not in json.dumps(api.get(f"/artifact/{art['artifact_id']}").json())
 
     media = httpx.get(done["video_url"], headers={"Range": "bytes=0-99"})
@@ -229,8 +232,9 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
     done = api.wait_version(body["version_id"])
     assert done["status"] == "succeeded", done["error"]
     assert done["video_url"].startswith(api.base + "/media/merge/film/")
-    [art] = done["artifacts"]
+    [art] = [a for a in done["artifacts"] if a["kind"] == "video"]
     assert art["role"] == "film" and art["metadata"]["frames"] == 2 * 17
+    assert {a["role"] for a in done["artifacts"] if a["kind"] == "image"} == {"thumbnail", "spritesheet"}
     wait_for(lambda: receiver.delivered, 30, "merge callback")
     cb = receiver.delivered[0]["body"]
     assert cb["job_id"] == "film-merge-v1" and cb["result"]["video_url"] == done["video_url"]

@@ -10,13 +10,14 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, Response
 from starlette.background import BackgroundTask
 from starlette.datastructures import UploadFile
 
 from api.context import ApiContext
+from api.deps import submitter_dependency
 from api.openai.errors import ErrorBody, OpenAIError
 from api.openai.forms import FormError, unflatten
 from api.openai.protocol import (
@@ -38,6 +39,7 @@ UPLOAD_FIELDS = ("input_reference", "first_frame", "last_frame")
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "Invalid request; `param` names the field."},
+    401: {"model": ErrorBody, "description": "A missing or unknown API key (when keys are set)."},
     404: {"model": ErrorBody, "description": "Unknown video or model."},
 }
 _CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -106,7 +108,11 @@ async def read_request(request: Request, spool: Path) -> tuple[dict[str, Any], d
 
 
 def openai_router(ctx: ApiContext) -> APIRouter:
-    router = APIRouter(prefix="/v1", tags=["openai"])
+    submitter = submitter_dependency(
+        ctx.keys,
+        lambda message: OpenAIError(401, message, code="invalid_api_key", type="authentication_error"),
+    )
+    router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(submitter)])
     serving = VideoServing(ctx)
 
     def video_response(video: Video, status: int = 200) -> Response:
@@ -121,14 +127,16 @@ def openai_router(ctx: ApiContext) -> APIRouter:
         position = ctx.store.queue_position(job.version_id) if job.status == "queued" else None
         return serving.video(job, position)
 
-    async def accept(request: Request, idempotency_key: str | None) -> Any:
+    async def accept(request: Request, idempotency_key: str | None, who: str) -> Any:
         assets = ctx.jobs.assets_dir
         assets.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=assets, prefix="upload-") as tmp:
             raw, uploads = await read_request(request, Path(tmp))
             req = serving.parse(raw)
             digests = {name: await run_in_threadpool(file_sha256, path) for name, path in uploads.items()}
-            job, _created = await run_in_threadpool(serving.create, req, uploads, digests, idempotency_key)
+            job, _created = await run_in_threadpool(
+                serving.create, req, uploads, digests, idempotency_key, who
+            )
         return job
 
     @router.get("/models", response_model=ModelList)
@@ -141,20 +149,24 @@ def openai_router(ctx: ApiContext) -> APIRouter:
 
     @router.post("/videos", response_model=Video, responses=_CREATE_ERRORS, openapi_extra=_CREATE_BODY)
     async def create_video(
-        request: Request, idempotency_key: Annotated[str | None, Header(max_length=255)] = None
+        request: Request,
+        idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+        who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
     ) -> Response:
         """Queue a video job (JSON or multipart, as the `openai` SDK sends it); poll it by id."""
-        job = await accept(request, idempotency_key)
+        job = await accept(request, idempotency_key, who)
         return video_response(view(job))
 
     @router.post(
         "/videos/generations", response_model=Video, responses=_CREATE_ERRORS, openapi_extra=_CREATE_BODY
     )
     async def create_video_alias(
-        request: Request, idempotency_key: Annotated[str | None, Header(max_length=255)] = None
+        request: Request,
+        idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+        who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
     ) -> Response:
         """Alias of `POST /v1/videos` for older FastVideo clients."""
-        job = await accept(request, idempotency_key)
+        job = await accept(request, idempotency_key, who)
         return video_response(view(job))
 
     @router.post(
@@ -167,10 +179,12 @@ def openai_router(ctx: ApiContext) -> APIRouter:
         openapi_extra=_CREATE_BODY,
     )
     async def create_video_sync(
-        request: Request, idempotency_key: Annotated[str | None, Header(max_length=255)] = None
+        request: Request,
+        idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+        who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
     ) -> Response:
         """Generate and answer with the MP4 itself; the server keeps no copy."""
-        job = await accept(request, idempotency_key)
+        job = await accept(request, idempotency_key, who)
         vid = f"video_{job.version_id}"
         deadline = time.monotonic() + ctx.api.openai.sync_timeout_seconds
         while job.status in ("queued", "running"):

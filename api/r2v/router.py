@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Depends, Header
 from fastapi.responses import Response
 
 from api.context import ApiContext
+from api.deps import submitter_dependency
 from api.r2v.protocol import (
     CALLBACK_HEADER,
     AcceptedResponse,
@@ -23,7 +24,7 @@ from api.r2v.views import VersionViews, artifact_response, task_fields
 from api.store import JobRecord
 
 VERSION_CACHE_SIZE = 10_000  # cached GET /version bodies; cleared when full
-_ERRORS = {404: {"description": "Unknown id."}}
+_ERRORS = {401: {"description": "A missing or unknown API key."}, 404: {"description": "Unknown id."}}
 _WRITE_ERRORS = {
     409: {"description": "Conflicting reuse of a job_id, or a referenced shot that is unavailable."},
     422: {"description": "Invalid field, resource URL/path, or media; the message names the field."},
@@ -33,7 +34,8 @@ _REPLAY = {200: {"description": "Replay of an earlier job_id: the original task.
 
 
 def r2v_router(ctx: ApiContext) -> APIRouter:
-    router = APIRouter(tags=["r2v"])
+    submitter = submitter_dependency(ctx.keys, lambda message: ApiError(401, message))
+    router = APIRouter(tags=["r2v"], dependencies=[Depends(submitter)])
     serving = R2VServing(ctx.jobs)
     base = ctx.api.base_url()
 
@@ -51,11 +53,12 @@ def r2v_router(ctx: ApiContext) -> APIRouter:
     )
     def post_r2v(
         req: R2VRequest,
+        who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
         callback_header: Annotated[str | None, Header(alias=CALLBACK_HEADER)] = None,
     ) -> Response:
         """Queue one reference-to-video job; poll ``status_url``."""
         ready_or_503()
-        result = serving.accept_r2v(req, callback_header)
+        result = serving.accept_r2v(req, callback_header, who)
         return accepted(result.job, result.created)
 
     @router.post(
@@ -63,11 +66,12 @@ def r2v_router(ctx: ApiContext) -> APIRouter:
     )
     def post_merge(
         req: MergeRequest,
+        who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
         callback_header: Annotated[str | None, Header(alias=CALLBACK_HEADER)] = None,
     ) -> Response:
         """Queue an ordered concatenation of shots (by ``version_id`` or ``video_url``)."""
         ready_or_503()
-        result = serving.accept_merge(req, callback_header)
+        result = serving.accept_merge(req, callback_header, who)
         return accepted(result.job, result.created)
 
     # Pollers hit this hard: served on the event loop (no threadpool hop) from cached bodies.

@@ -1,0 +1,29 @@
+"""Dependencies the routers share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import Depends
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.auth import ANONYMOUS, KeyRing
+
+_bearer = HTTPBearer(auto_error=False, description="An API key, when the server has keys set.")
+
+
+def submitter_dependency(keys: KeyRing, unauthorized: Callable[[str], Exception]) -> Callable[..., str]:
+    """A dependency answering the caller's key name (``api`` on a server without keys), or raising
+    the dialect's 401 for a missing or unknown key."""
+
+    def submitter(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str:
+        if not keys.enabled:
+            return ANONYMOUS
+        header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
+        name = keys.name_of(header)
+        if name is None:
+            raise unauthorized("a valid API key is required: Authorization: Bearer <key>")
+        return name
+
+    return submitter
