@@ -40,7 +40,7 @@ def build_context(cfg: ServerConfig) -> ApiContext:
         terminate=lambda run_id: gateway.terminate(run_id, wait_starting_s=0),
     )
     config = cfg.inference.config
-    return ApiContext(
+    ctx = ApiContext(
         api=api,
         store=store,
         gateway=gateway,
@@ -53,6 +53,8 @@ def build_context(cfg: ServerConfig) -> ApiContext:
         residency_policy=cfg.runtime.dit_residency,
         keys=load_keys(api.auth),
     )
+    follower.every("job-store", ctx.retention.sweep, api.openai.sweep_interval_s)
+    return ctx
 
 
 def main(argv: list[str] | None = None) -> None:

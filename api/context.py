@@ -8,6 +8,7 @@ from typing import Any
 
 from api.auth import KeyRing
 from api.core.jobs import JobService
+from api.core.retention import Retention
 from api.dagster_client import DagsterGateway
 from api.follower import Follower
 from api.settings import ApiConfig
@@ -28,4 +29,10 @@ class ApiContext:
     inference: InferenceConfig
     residency_policy: str
     keys: KeyRing = field(default_factory=lambda: KeyRing([]))
+    retention: Retention | None = None  # the /v1 job store's bounds (built from api.openai)
+
+    def __post_init__(self) -> None:
+        if self.retention is None:
+            self.retention = Retention(self.store, self.jobs, self.api.openai)
+
     health_cache: tuple[float, dict[str, Any]] | None = field(default=None, repr=False)

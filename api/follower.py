@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -73,6 +74,7 @@ class Follower:
         self._boot = time.time()
         self._uncertain: set[str] = set()  # versions whose submit raised: a run may exist
         self._cancel_asked: dict[str, float] = {}  # version -> when its run was last asked to stop
+        self._periodic: list[tuple[str, Callable[[], object], float]] = []
         self.started = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -82,11 +84,26 @@ class Follower:
             ("follow", lambda: self._loop((self.follow_runs, self.refresh_workers), self.stopping)),
             ("callbacks", self._callback_loop),
         )
+        loops += tuple((name, self._every(duty, seconds)) for name, duty, seconds in self._periodic)
         for name, target in loops:
             t = threading.Thread(target=target, name=f"api-{name}", daemon=True)
             t.start()
             self._threads.append(t)
         self.started = True
+
+    def every(self, name: str, duty: Callable[[], object], seconds: float) -> None:
+        """Run ``duty`` on its own thread every ``seconds`` once started (e.g. the job store sweep)."""
+        self._periodic.append((name, duty, seconds))
+
+    def _every(self, duty: Callable[[], object], seconds: float) -> Callable[[], None]:
+        def loop() -> None:
+            while not self.stopping.wait(seconds):
+                try:
+                    duty()
+                except Exception as exc:
+                    log.warning("%s: %s", getattr(duty, "__name__", duty), exc)
+
+        return loop
 
     def stop(self) -> None:
         self.stopping.set()

@@ -65,6 +65,23 @@ class OpenAIConfig(_Strict):
     sync_timeout_seconds: float = Field(
         default=600.0, gt=0, description="POST /v1/videos/sync answers 504 (naming the job) past this."
     )
+    job_ttl_s: float = Field(
+        default=86_400.0,
+        gt=0,
+        description="A finished /v1 job and its files read as 404 this long after it ends.",
+    )
+    store_max_bytes: int = Field(
+        default=10 * 1024 * MiB,
+        gt=0,
+        description="Finished /v1 outputs past this are evicted, oldest first; uploads hold room in it.",
+    )
+    max_body_bytes: int = Field(
+        default=256 * MiB, gt=0, description="Largest /v1 request body (413 before it is read)."
+    )
+    body_idle_timeout_s: float = Field(
+        default=60.0, gt=0, description="A body that sends nothing for this long is 408 (its room freed)."
+    )
+    sweep_interval_s: float = Field(default=30.0, gt=0, description="How often expiry and eviction run.")
 
 
 class AuthConfig(_Strict):

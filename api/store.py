@@ -754,11 +754,14 @@ class Store:
         after: str | None = None,
         limit: int = 20,
         order: Literal["asc", "desc"] = "desc",
+        finished_after: float | None = None,
     ) -> tuple[list[JobRecord], bool]:
         """One page of a dialect's jobs by creation time, after the job ``after`` (exclusive);
         and whether more follow. An unknown ``after`` raises :class:`UnknownVersion`."""
         with self._read() as s:
             q = select(Job).where(Job.dialect == dialect)
+            if finished_after is not None:  # unfinished, or finished since (not expired)
+                q = q.where(Job.finished_at.is_(None) | (Job.finished_at >= finished_after))
             key = tuple_(Job.created_at, Job.version_id)
             if after is not None:
                 anchor = s.get(Job, after)
@@ -789,6 +792,38 @@ class Store:
             s.flush()
             s.delete(row)
             return paths
+
+    def finished_jobs(self, dialect: str, *, finished_before: float | None = None) -> list[JobRecord]:
+        """A dialect's finished jobs, oldest finish first (optionally only those before a time)."""
+        with self._read() as s:
+            q = select(Job).where(
+                Job.dialect == dialect, Job.status.in_(FINISHED), Job.finished_at.is_not(None)
+            )
+            if finished_before is not None:
+                q = q.where(Job.finished_at < finished_before)
+            rows = s.scalars(q.order_by(Job.finished_at, Job.version_id)).all()
+            return [_job_record(r) for r in rows]
+
+    def output_bytes(self, dialect: str, version_id: str | None = None) -> int:
+        """Bytes of the artifacts of a dialect's jobs (or of one job)."""
+        with self._read() as s:
+            q = select(func.coalesce(func.sum(Artifact.bytes), 0)).join(
+                Job, Job.version_id == Artifact.version_id
+            )
+            q = q.where(Job.dialect == dialect)
+            if version_id is not None:
+                q = q.where(Job.version_id == version_id)
+            return int(s.scalar(q) or 0)
+
+    def merges_naming(self, version_id: str) -> bool:
+        """Whether a merge job lists this version among its shots (the film needs its MP4)."""
+        with self._read() as s:
+            rows = s.scalars(select(Job.request).where(Job.kind == "merge")).all()
+        for request in rows:
+            shots = (request or {}).get("inputs", {}).get("shots", [])
+            if any(shot.get("version_id") == version_id for shot in shots):
+                return True
+        return False
 
     def recent_durations(self, limit: int) -> list[float]:
         """Wall seconds from claim (or submission) to end of the newest succeeded shots."""

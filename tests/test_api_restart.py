@@ -36,6 +36,12 @@ def test_kill_9_of_everything_loses_nothing_and_reruns_nothing(tmp_path, wan_che
         # Longer jobs, more than the two workers: some running, some queued at the kill.
         long = {"num_frames": 33, "width": 96, "height": 96}
         pending = [stack.post("/r2v", shot(f"p{i}", **long)).json()["version_id"] for i in range(4)]
+        # /v1 videos are the same durable jobs: queued behind the r2v ones at the kill.
+        videos = [
+            stack.post("/v1/videos", {"prompt": f"v1 clip {i}", "size": "64x64", "seconds": "1"}).json()
+            for i in range(2)
+        ]
+        pending += [v["shotloom"]["version_id"] for v in videos]
         wait_for(
             lambda: stack.get(f"/version/{pending[0]}").json()["status"] == "running", 60, "a running job"
         )
@@ -56,6 +62,11 @@ def test_kill_9_of_everything_loses_nothing_and_reruns_nothing(tmp_path, wan_che
         statuses = [stack.get(f"/version/{v}").json() for v in pending]
         # The runs the kill interrupted were put back in the FIFO, visibly.
         assert any("recovered" in s["stage_times"] for s in statuses), statuses
+
+        for video in videos:  # completed, not failed with server_restarted
+            body = stack.get(f"/v1/videos/{video['id']}").json()
+            assert body["status"] == "completed" and body["progress"] == 100, body
+            assert stack.get(f"/v1/videos/{video['id']}/content").headers["content-type"] == "video/mp4"
 
         after = stack.get(f"/version/{done}").json()
         for key in ("status", "run_id", "video_url", "artifacts", "finished_at"):

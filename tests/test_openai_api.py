@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import socket
+import time
 
 import httpx
 import numpy as np
@@ -48,7 +50,12 @@ def stack(tmp_path_factory, wan_checkpoint) -> ApiStack:
         root,
         wan_checkpoint,
         api={
-            "openai": {"served_model_name": MODEL, "default_work": "sdk-work"},
+            "openai": {
+                "served_model_name": MODEL,
+                "default_work": "sdk-work",
+                "max_body_bytes": 2 * 1024 * 1024,
+                "body_idle_timeout_s": 2,
+            },
             "auth": {"key_file": str(keys)},
         },
         authorization=KEY,
@@ -374,3 +381,29 @@ def test_runs_record_the_submitting_key_by_name(stack):
     run = DagsterGateway(web["host"], web["port"]).run(run_id)
     assert run.tags["user"] == "studio-b" and run.tags["shotloom/api"] == "openai"
     assert KEY not in json.dumps(run.tags) and "sk-other" not in stack.log("api")
+
+
+def test_a_body_past_the_limit_is_413_before_it_is_read(stack):
+    big = b"x" * (3 * 1024 * 1024)
+    resp = stack.client.post(
+        stack.base + "/v1/videos",
+        files={"input_reference": ("big.png", big, "image/png")},
+        data={"prompt": "x"},
+    )
+    assert resp.status_code == 413, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "payload_too_large" and str(2 * 1024 * 1024) in error["message"]
+
+
+def test_a_body_that_stalls_is_408(stack):
+    port = int(stack.base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        head = (
+            "POST /v1/videos HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {KEY}\r\nContent-Length: 1000\r\n\r\n"
+        )
+        sock.sendall(head.encode() + b'{"prompt": "stalled')
+        started = time.monotonic()
+        answer = sock.recv(65536).decode()
+    assert answer.startswith("HTTP/1.1 408"), answer
+    assert "request_timeout" in answer and time.monotonic() - started < 20

@@ -65,3 +65,15 @@ class EncoderMissing(ServiceError):
     """The bundled FFmpeg lacks an encoder the MP4 writer needs."""
 
     code = "encoder_missing"
+
+
+class TooLarge(ServiceError):
+    """A body or upload larger than allowed, or than the room left in the job store."""
+
+    code = "payload_too_large"
+
+
+class BodyTimeout(ServiceError):
+    """A request body that stopped arriving."""
+
+    code = "request_timeout"

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from api.core.errors import (
+    BodyTimeout,
     Conflict,
     EncoderMissing,
     InvalidField,
@@ -20,6 +21,7 @@ from api.core.errors import (
     NotReady,
     QueueFull,
     ServiceError,
+    TooLarge,
     Unavailable,
 )
 from api.r2v.protocol import error_field
@@ -35,6 +37,8 @@ _MAP: tuple[tuple[type[ServiceError], int, str], ...] = (
     (QueueFull, 429, "rate_limit_error"),
     (Unavailable, 503, "server_error"),
     (EncoderMissing, 501, "server_error"),
+    (TooLarge, 413, "invalid_request_error"),
+    (BodyTimeout, 408, "invalid_request_error"),
 )
 
 
@@ -93,10 +97,16 @@ def validation_error(errors: ValidationError | Sequence[Mapping[str, Any]]) -> O
     raw = errors.errors(include_url=False) if isinstance(errors, ValidationError) else list(errors)
     if not raw:
         return OpenAIError(400, "invalid request", code="invalid_request")
-    first = raw[0]
-    loc = [p for p in first.get("loc", ()) if isinstance(p, str | int)]
-    # Union members add their type name to the location ("str", "ReferenceObject"): not a field.
-    loc = [p for p in loc if not (isinstance(p, str) and (p[:1].isupper() or p in _TYPE_TAGS))]
+
+    def field_path(err: Mapping[str, Any]) -> list[str | int]:
+        loc = [p for p in err.get("loc", ()) if isinstance(p, str | int)]
+        # Union members add their type name to the location ("str", "ReferenceObject"): not a field.
+        return [p for p in loc if not (isinstance(p, str) and (p[:1].isupper() or p in _TYPE_TAGS))]
+
+    # Of the errors about the first bad field, the deepest (a union's object member says which key).
+    head = field_path(raw[0])[:1]
+    first = max((e for e in raw if field_path(e)[:1] == head), key=lambda e: len(field_path(e)))
+    loc = field_path(first)
     param = error_field(loc) if loc else None
     kind = str(first.get("type", "value_error"))
     message = str(first.get("msg", "invalid value"))

@@ -29,7 +29,8 @@ from api.openai.protocol import (
     VideoList,
     version_of,
 )
-from api.openai.serving import VideoServing
+from api.openai.serving import VideoServing, openai_errors
+from api.openai.uploads import guarded_body
 from api.store import UnknownVersion
 from shotloom.media import file_sha256
 
@@ -39,6 +40,8 @@ UPLOAD_FIELDS = ("input_reference", "first_frame", "last_frame")
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "Invalid request; `param` names the field."},
+    408: {"model": ErrorBody, "description": "The body stopped arriving."},
+    413: {"model": ErrorBody, "description": "The body is too large, or the job store has no room for it."},
     401: {"model": ErrorBody, "description": "A missing or unknown API key (when keys are set)."},
     404: {"model": ErrorBody, "description": "Unknown video or model."},
 }
@@ -130,8 +133,9 @@ def openai_router(ctx: ApiContext) -> APIRouter:
     async def accept(request: Request, idempotency_key: str | None, who: str) -> Any:
         assets = ctx.jobs.assets_dir
         assets.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=assets, prefix="upload-") as tmp:
-            raw, uploads = await read_request(request, Path(tmp))
+        with tempfile.TemporaryDirectory(dir=assets, prefix="upload-") as tmp, openai_errors():
+            async with guarded_body(request, ctx.api.openai, ctx.retention) as body:
+                raw, uploads = await read_request(body, Path(tmp))
             req = serving.parse(raw)
             digests = {name: await run_in_threadpool(file_sha256, path) for name, path in uploads.items()}
             job, _created = await run_in_threadpool(
@@ -235,7 +239,9 @@ def openai_router(ctx: ApiContext) -> APIRouter:
             if version is None:
                 raise OpenAIError(404, f"no video {after!r}", param="after", code="not_found")
         try:
-            jobs, more = ctx.store.list_jobs("openai", after=version, limit=limit, order=order)
+            jobs, more = ctx.store.list_jobs(
+                "openai", after=version, limit=limit, order=order, finished_after=ctx.retention.cutoff()
+            )
         except UnknownVersion:
             raise OpenAIError(404, f"no video {after!r}", param="after", code="not_found") from None
         data = [view(j) for j in jobs]

@@ -214,7 +214,7 @@ class VideoServing:
     def job(self, video: str) -> JobRecord:
         version = version_of(video)
         job = self.ctx.store.get(version) if version else None
-        if job is None or job.dialect != "openai":
+        if job is None or job.dialect != "openai" or self.ctx.retention.expired(job):
             raise OpenAIError(404, f"no video {video!r}", param="video_id", code="not_found")
         return job
 
@@ -252,7 +252,7 @@ class VideoServing:
             progress=progress,
             created_at=int(job.created_at),
             completed_at=int(job.finished_at) if job.finished_at and job.status == "succeeded" else None,
-            expires_at=None,
+            expires_at=int(expires) if (expires := self.ctx.retention.expires_at(job)) else None,
             seconds=f"{frames / fps:g}" if frames and fps else "0",
             size=f"{width}x{height}" if width and height else "",
             prompt=config.get("prompt"),

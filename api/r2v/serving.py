@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from api.core.errors import (
+    BodyTimeout,
     Conflict,
     EncoderMissing,
     InvalidField,
@@ -15,6 +16,7 @@ from api.core.errors import (
     NotReady,
     QueueFull,
     ServiceError,
+    TooLarge,
     Unavailable,
 )
 from api.core.jobs import Accepted, JobService
@@ -29,6 +31,8 @@ _STATUS: tuple[tuple[type[ServiceError], int], ...] = (
     (QueueFull, 503),
     (Unavailable, 503),
     (EncoderMissing, 501),
+    (TooLarge, 413),
+    (BodyTimeout, 408),
 )
 
 
