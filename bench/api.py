@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""HTTP API latency: POST /r2v accept time, and GET /version under concurrent pollers.
+"""HTTP API latency: POST /r2v and POST /v1/videos accept time, and GET /version and
+GET /v1/videos/{id} under concurrent pollers.
 
 Starts the whole service with ``server.py`` (Dagster webserver, daemon, two warm one-thread
 CPU workers on the tiny Wan checkpoint, the FastAPI app) on a temporary state dir and free
@@ -11,7 +12,11 @@ ports, waits for ``GET /health`` to answer 200, then measures over real HTTP:
 * version: ``--pollers`` connections, each looping ``GET /version/{id}`` on one of the accepted
   versions with no pause for ``--seconds`` while the workers process the queue: p50, p99,
   requests/s (target p99 <= 100 ms). Every poller keeps one HTTP/1.1 connection open; one
-  asyncio loop drives them all (little client CPU, so the figures are mostly the server's).
+  asyncio loop drives them all (little client CPU, so the figures are mostly the server's);
+* v1 accept: ``--v1-requests`` sequential ``POST /v1/videos`` as the ``openai`` SDK sends them
+  (multipart/form-data, ``extra_body`` flattened to bracketed string fields), p50/p99
+  (target p50 <= 50 ms);
+* v1 poll: the same pollers looping ``GET /v1/videos/{id}`` (target p99 <= 100 ms).
 
 Also shown: CPU time the API process spent per request in each phase (from /proc, via psutil).
 The service is stopped with SIGTERM to its process group (SIGKILL after 60 s), also on errors.
@@ -49,7 +54,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 from api_stack import ApiStack, free_port, launch, stop_api_stack, wait_ready  # noqa: E402
 
-TARGETS = {"accept_p50_ms": 500.0, "version_p99_ms": 100.0}
+TARGETS = {"accept_p50_ms": 500.0, "version_p99_ms": 100.0, "v1_accept_p50_ms": 50.0, "v1_poll_p99_ms": 100.0}
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
@@ -154,8 +159,10 @@ class Conn:
         self.host, self.port = host, port
         self.conn = http.client.HTTPConnection(host, port, timeout=60)
 
-    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-        headers = {"Content-Type": "application/json"} if body is not None else {}
+    def request(
+        self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json"
+    ) -> tuple[int, bytes]:
+        headers = {"Content-Type": content_type} if body is not None else {}
         for attempt in (0, 1):
             try:
                 self.conn.request(method, path, body=body, headers=headers)
@@ -180,21 +187,46 @@ def percentile(values: list[float], q: float) -> float:
 
 
 # -- measurements --------------------------------------------------------------------------------
-def measure_accept(host: str, port: int, n: int, api: psutil.Process | None) -> tuple[dict, list[str]]:
-    bodies = [json.dumps(r2v_body(i)).encode() for i in range(n)]  # encoded up front: not timed
+def v1_form(i: int) -> tuple[bytes, str]:
+    """A POST /v1/videos body exactly as the openai SDK (3.51) builds one: multipart, every value a
+    string, extra_body's nested fields under bracketed keys."""
+    import httpx
+
+    fields = [
+        ("prompt", f"bench clip {i}: a paper boat drifting on a pond"),
+        ("model", "wan-tiny"),
+        ("seconds", "1"),
+        ("size", "64x64"),
+        ("seed", str(i)),
+        ("video_params[fps]", "16"),
+    ]
+    request = httpx.Request("POST", "http://bench/v1/videos", files=[(k, (None, v)) for k, v in fields])
+    return request.read(), request.headers["Content-Type"]
+
+
+def measure_accept(
+    host: str, port: int, n: int, api: psutil.Process | None, v1: bool = False
+) -> tuple[dict, list[str]]:
+    """``n`` sequential accepts: POST /r2v (JSON), or POST /v1/videos (the SDK's multipart)."""
+    if v1:
+        bodies, kind = zip(*(v1_form(i) for i in range(n)), strict=True)
+        path, expected, id_key = "/v1/videos", 200, "id"
+    else:
+        bodies = [json.dumps(r2v_body(i)).encode() for i in range(n)]  # encoded up front: not timed
+        kind, path, expected, id_key = ["application/json"] * n, "/r2v", 202, "version_id"
     conn = Conn(host, port)
     times, versions, positions = [], [], []
     cpu0 = cpu_seconds(api)
     try:
-        for body in bodies:
+        for body, content_type in zip(bodies, kind, strict=True):
             start = time.perf_counter()
-            status, raw = conn.request("POST", "/r2v", body)
+            status, raw = conn.request("POST", path, body, content_type)
             times.append(time.perf_counter() - start)
-            if status != 202:
-                raise RuntimeError(f"POST /r2v answered {status}: {raw[:500]!r}")
+            if status != expected:
+                raise RuntimeError(f"POST {path} answered {status}: {raw[:500]!r}")
             answer = json.loads(raw)
-            versions.append(answer["version_id"])
-            positions.append(answer.get("queue_position"))
+            versions.append(answer[id_key])
+            positions.append(answer.get("queue_position") or answer.get("shotloom", {}).get("queue_position"))
     finally:
         conn.close()
     cpu = cpu_seconds(api) - cpu0
@@ -227,7 +259,8 @@ async def _get(
 
 
 def measure_version(host: str, port: int, versions: list[str], pollers: int, seconds: float,
-                    api: psutil.Process | None, stack: ApiStack | None = None) -> dict:  # fmt: skip
+                    api: psutil.Process | None, stack: ApiStack | None = None,
+                    prefix: str = "/version/") -> dict:  # fmt: skip
     """``pollers`` keep-alive connections, each looping GET /version/{id} with no pause, driven by one
     asyncio loop in this thread: a light client (a thread per poller spent its time fighting over
     the GIL, and that wait showed up in the latencies), so the figures are mostly the server's."""
@@ -236,7 +269,7 @@ def measure_version(host: str, port: int, versions: list[str], pollers: int, sec
     statuses: dict[str, int] = {}
 
     async def poll(k: int, start: asyncio.Event, stop_at: list[float]) -> None:
-        path = f"/version/{versions[k % len(versions)]}"
+        path = f"{prefix}{versions[k % len(versions)]}"
         request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
         reader, writer = await asyncio.open_connection(host, port)
         mine = per_poller[k]
@@ -301,6 +334,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=60, help="sequential POST /r2v requests")
     p.add_argument("--pollers", type=int, default=50, help="concurrent GET /version pollers")
     p.add_argument("--seconds", type=float, default=10.0, help="how long the pollers run")
+    p.add_argument("--v1-requests", type=int, default=60, help="sequential POST /v1/videos requests")
     p.add_argument("--cpu-nice", type=int, help="workers.cpu_nice (default: the server's)")
     p.add_argument("--keep", action="store_true", help="keep the temporary state dir")
     args = p.parse_args()
@@ -311,7 +345,8 @@ def main() -> None:
     print(f"state under {root}", flush=True)
     stack = None
     try:
-        config, state = write_config(root, max_queue=max(1000, 2 * args.requests), cpu_nice=args.cpu_nice)
+        max_queue = max(1000, 2 * (args.requests + args.v1_requests))
+        config, state = write_config(root, max_queue=max_queue, cpu_nice=args.cpu_nice)
         print("starting server.py (webserver, daemon, 2 CPU workers, API) ...", flush=True)
         started = time.monotonic()
         stack = launch(config, state)
@@ -325,6 +360,12 @@ def main() -> None:
         accept, versions = measure_accept(host, port, args.requests, api)
         print(f"GET /version: {args.pollers} pollers for {args.seconds:g} s ...", flush=True)
         version = measure_version(host, port, versions, args.pollers, args.seconds, api, stack)
+        print(
+            f"POST /v1/videos x {args.v1_requests} (sequential, multipart as the SDK sends) ...", flush=True
+        )
+        v1_accept, videos = measure_accept(host, port, args.v1_requests, api, v1=True)
+        print(f"GET /v1/videos/{{id}}: {args.pollers} pollers for {args.seconds:g} s ...", flush=True)
+        v1_poll = measure_version(host, port, videos, args.pollers, args.seconds, api, stack, "/v1/videos/")
         health = stack.get("/health").json()
         health["submitted"] = submitted_count(state)
     except BaseException:
@@ -341,10 +382,12 @@ def main() -> None:
         else:
             shutil.rmtree(root, ignore_errors=True)
 
-    report(args, accept, version, health)
+    report(args, accept, version, v1_accept, v1_poll, health)
 
 
-def report(args: argparse.Namespace, accept: dict, version: dict, health: dict) -> None:
+def report(
+    args: argparse.Namespace, accept: dict, version: dict, v1_accept: dict, v1_poll: dict, health: dict
+) -> None:
     queue = health["queues"]["r2v"]
     print()
     print(f"{'measure':<24}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'req/s':>9}{'API CPU ms/req':>16}")
@@ -355,6 +398,15 @@ def report(args: argparse.Namespace, accept: dict, version: dict, health: dict) 
     print(
         f"{f'GET /version x{args.pollers}':<24}{version['p50_ms']:>9.1f}{version['p99_ms']:>9.1f}"
         f"{version['max_ms']:>9.1f}{version['rps']:>9.1f}{version['api_cpu_ms_per_req']:>16.2f}"
+    )
+    print(
+        f"{'POST /v1/videos':<24}{v1_accept['p50_ms']:>9.1f}{v1_accept['p99_ms']:>9.1f}"
+        f"{v1_accept['max_ms']:>9.1f}{1000 / v1_accept['mean_ms']:>9.1f}"
+        f"{v1_accept['api_cpu_ms_per_req']:>16.2f}"
+    )
+    print(
+        f"{f'GET /v1/videos/id x{args.pollers}':<24}{v1_poll['p50_ms']:>9.1f}{v1_poll['p99_ms']:>9.1f}"
+        f"{v1_poll['max_ms']:>9.1f}{v1_poll['rps']:>9.1f}{v1_poll['api_cpu_ms_per_req']:>16.2f}"
     )
     print(
         f"accept: first request {accept['first_ms']:.1f} ms, mean {accept['mean_ms']:.1f} ms, "
@@ -373,6 +425,8 @@ def report(args: argparse.Namespace, accept: dict, version: dict, health: dict) 
     verdict = {
         "accept_p50_ms": accept["p50_ms"] <= TARGETS["accept_p50_ms"],
         "version_p99_ms": version["p99_ms"] <= TARGETS["version_p99_ms"],
+        "v1_accept_p50_ms": v1_accept["p50_ms"] <= TARGETS["v1_accept_p50_ms"],
+        "v1_poll_p99_ms": v1_poll["p99_ms"] <= TARGETS["v1_poll_p99_ms"],
     }
     for key, ok in verdict.items():
         print(f"target {key} <= {TARGETS[key]:g}: {'met' if ok else 'MISSED'}")
@@ -382,6 +436,10 @@ def report(args: argparse.Namespace, accept: dict, version: dict, health: dict) 
         "version_p50_ms": round(version["p50_ms"], 1),
         "version_p99_ms": round(version["p99_ms"], 1),
         "version_rps": round(version["rps"], 1),
+        "v1_accept_p50_ms": round(v1_accept["p50_ms"], 1),
+        "v1_accept_p99_ms": round(v1_accept["p99_ms"], 1),
+        "v1_poll_p50_ms": round(v1_poll["p50_ms"], 1),
+        "v1_poll_p99_ms": round(v1_poll["p99_ms"], 1),
         "pollers": args.pollers,
         "n_accept": accept["n"],
     }))  # fmt: skip
