@@ -19,6 +19,8 @@ from api.health import health_router
 from api.media_routes import media_router
 from api.openai.errors import OpenAIError, is_openai_path, openai_error_response, validation_error_response
 from api.openai.router import openai_router
+from api.openai.serving import VideoServing
+from api.openapi import install as install_openapi
 from api.r2v.protocol import validation_error_body
 from api.r2v.router import r2v_router
 from api.r2v.serving import ApiError
@@ -56,8 +58,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
         return openai_error_response(exc)
 
     app.include_router(r2v_router(ctx))
-    app.include_router(openai_router(ctx))
+    videos = VideoServing(ctx)
+    app.include_router(openai_router(ctx, videos))
     app.include_router(health_router(ctx))
     submitter = submitter_dependency(ctx.keys, lambda message: ApiError(401, message))
     app.include_router(media_router(ctx.media_root), dependencies=[Depends(submitter)])
+    install_openapi(app, videos.served_or_none)
     return app

@@ -17,7 +17,8 @@ def submitter_dependency(keys: KeyRing, unauthorized: Callable[[str], Exception]
     """A dependency answering the caller's key name (``api`` on a server without keys), or raising
     the dialect's 401 for a missing or unknown key."""
 
-    def submitter(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str:
+    # async: checked on the event loop, so a cached GET costs no threadpool hop.
+    async def submitter(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str:
         if not keys.enabled:
             return ANONYMOUS
         header = f"{credentials.scheme} {credentials.credentials}" if credentials else None

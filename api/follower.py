@@ -29,6 +29,10 @@ from shotloom import stages
 
 log = logging.getLogger("shotloom.api")
 STILLS = ("thumbnail", "spritesheet")  # image artifacts recorded beside each video
+# Materialization metadata copied into a succeeded job's result (read by both dialects' views).
+RESULT_KEYS = (
+    "width", "height", "frames", "fps", "duration_s", "has_audio", "seed", "video_mode", "peak_memory_mb",
+)  # fmt: skip
 IMAGE_KIND = "image"
 CANCEL_RETRY_S = 5.0
 
@@ -301,7 +305,7 @@ class Follower:
             main = artifacts[0]
             result["video_url"] = base + main.url_path
             result["artifact_id"] = main.artifact_id
-            for key in ("width", "height", "frames", "fps", "duration_s", "has_audio", "seed", "video_mode"):
+            for key in RESULT_KEYS:
                 if key in main.metadata:
                     result[key] = main.metadata[key]
         live = {**self._live(run), "run_status": run.status}

@@ -12,35 +12,66 @@ does not decode, a full queue).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from api.openai.protocol import ServedModel, VideoCreateRequest
+from api.openai.protocol import ServedModel, VideoCreateRequest, snap_frames
 
 URL_PATTERN = r"^(data:|https?://|file://|/)"
-_OPENAI, _R2V = "openai", "r2v"
 _SHARED = {"health"}
+# Fields of the JSON body that a multipart form carries under bracketed keys, and file parts.
+_NESTED = ("video_params", "image_reference", "lora", "extra_params", "characters", "guides")
+_FILES = ("input_reference", "first_frame", "last_frame")
 
 
 def full_document(app: FastAPI) -> dict[str, Any]:
+    """The whole API, with the ``/v1`` request bodies (read by hand) declared as components."""
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     schema = VideoCreateRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     components = doc.setdefault("components", {}).setdefault("schemas", {})
     components.update(schema.pop("$defs", {}))
+    _loosen_seconds(schema)
+    schema["properties"]["prompt"]["pattern"] = r"\S"  # not blank
     components["VideoCreateRequest"] = schema
-    _loosen_seconds(components["VideoCreateRequest"])
     for name in ("VideoCreateRequest", "ReferenceObject"):
         _url_patterns(components[name])
+    components["VideoCreateForm"] = _form_schema(schema)
     return doc
 
 
-def dialect_document(full: dict[str, Any], dialect: str, title: str) -> dict[str, Any]:
-    """Only the operations of one dialect (and the shared ones), with the components they use."""
+def _form_schema(json_schema: dict[str, Any]) -> dict[str, Any]:
+    """The multipart spelling of the request, as the ``openai`` SDK sends it."""
+    form = copy.deepcopy(json_schema)
+    form["title"] = "VideoCreateForm"
+    form["description"] = (
+        "POST /v1/videos as multipart/form-data, as the openai SDK sends it: the JSON body's fields "
+        "as form fields, every value a string; nested objects and lists under bracketed keys "
+        "(video_params[fps], image_reference[][image_url], extra_params[work_id]); input_reference, "
+        "first_frame and last_frame may be file parts. It means what the same JSON body means."
+    )
+    props = form["properties"]
+    for name in _NESTED:
+        props.pop(name, None)
+    for prop in props.values():  # a form field is absent or a value, never null
+        if "anyOf" in prop:
+            prop["anyOf"] = [b for b in prop["anyOf"] if b.get("type") != "null"]
+        prop.pop("default", None)
+    for name in _FILES:
+        url = {"type": "string", "pattern": URL_PATTERN}
+        props[name] = {"anyOf": [{"type": "string", "format": "binary"}, url], "title": props[name]["title"]}
+    form["patternProperties"] = {rf"^({'|'.join(_NESTED)})\[": {"type": "string"}}
+    form["additionalProperties"] = False
+    return form
+
+
+def dialect_document(full: dict[str, Any], tags: tuple[str, ...], title: str) -> dict[str, Any]:
+    """Only the operations of one dialect (its tags, and the shared ones)."""
     doc = copy.deepcopy(full)
     doc["info"]["title"] = title
-    keep = {dialect, *_SHARED}
+    keep = {*tags, *_SHARED}
     paths = {}
     for path, item in doc["paths"].items():
         ops = {m: op for m, op in item.items() if set(op.get("tags", [])) & keep}
@@ -50,30 +81,33 @@ def dialect_document(full: dict[str, Any], dialect: str, title: str) -> dict[str
     return doc
 
 
-def constrain(doc: dict[str, Any], model: ServedModel, max_width: int, max_height: int) -> dict[str, Any]:
+def constrain(doc: dict[str, Any], model: ServedModel) -> dict[str, Any]:
     """Write the loaded model's grids and the server's limits into the /v1 request schema."""
     doc = copy.deepcopy(doc)
     schemas = doc["components"]["schemas"]
     req, params = schemas["VideoCreateRequest"]["properties"], schemas["VideoParams"]["properties"]
-    caps = model.caps
+    form = schemas["VideoCreateForm"]["properties"]
+    caps, max_width, max_height = model.caps, model.max_width, model.max_height
     widths = list(range(caps.size_multiple, max_width + 1, caps.size_multiple))
     heights = list(range(caps.size_multiple, max_height + 1, caps.size_multiple))
     size = f"^({'|'.join(map(str, widths))})x({'|'.join(map(str, heights))})$"
-    _set(req["size"], {"pattern": size})
-    max_frames = min(caps.max_frames, int(model.max_seconds * max(caps.fps)) + caps.frame_multiple + 1)
-    frames = list(range(1, max_frames + 1, caps.frame_multiple))
-    for props in (req, params):
+    for props in (req, form):
+        _set(props["size"], {"pattern": size})
+    most = min(caps.max_frames, snap_frames(model.max_seconds, min(caps.fps), caps.frame_multiple))
+    frames = list(range(1, most + 1, caps.frame_multiple))
+    for props in (req, params, form):
         _set(props["width"], {"multipleOf": caps.size_multiple, "maximum": max_width})
         _set(props["height"], {"multipleOf": caps.size_multiple, "maximum": max_height})
         _set(props["fps"], {"enum": list(caps.fps)})
         _set(props["num_frames"], {"enum": frames})
     lo, hi = caps.guidance_range
-    _set(req["guidance_scale"], {"minimum": lo, "maximum": hi})
-    _set(req["num_inference_steps"], {"enum": [model.steps]})
-    for branch in req["seconds"]["anyOf"]:
-        if branch.get("type") == "number":
-            branch["maximum"] = model.max_seconds
-    req["model"]["anyOf"] = [{"type": "string", "enum": [model.id]}, {"type": "null"}]
+    for props in (req, form):
+        _set(props["guidance_scale"], {"minimum": lo, "maximum": hi})
+        _set(props["num_inference_steps"], {"enum": [model.steps]})
+        for branch in props["seconds"]["anyOf"]:
+            if branch.get("type") == "number":
+                branch["maximum"] = model.max_seconds
+        props["model"]["anyOf"] = [{"type": "string", "enum": [model.id]}, {"type": "null"}]
     return doc
 
 
@@ -99,3 +133,35 @@ def _url_patterns(schema: dict[str, Any]) -> None:
             for branch in prop.get("anyOf", [prop]):
                 if branch.get("type") == "string":
                     branch["pattern"] = URL_PATTERN
+
+
+def docs_router(app: FastAPI, served: Callable[[], ServedModel | None]) -> APIRouter:
+    """``/r2v/openapi.json`` and ``/v1/openapi.json``; the latter carries the loaded model's grids
+    once a worker has published them (before that, the model-independent constraints only).
+    Like FastAPI's ``/openapi.json`` and ``/docs``, these describe the API and hold no data: they
+    are served without an API key."""
+    router = APIRouter(include_in_schema=False)
+
+    @router.get("/r2v/openapi.json")
+    def r2v_document() -> dict[str, Any]:
+        return dialect_document(app.openapi(), ("r2v", "media"), f"{app.title}: the R2V scheduler API")
+
+    @router.get("/v1/openapi.json")
+    def openai_document() -> dict[str, Any]:
+        doc = dialect_document(app.openapi(), ("openai",), f"{app.title}: the OpenAI-compatible video API")
+        model = served()
+        return constrain(doc, model) if model is not None else doc
+
+    return router
+
+
+def install(app: FastAPI, served: Callable[[], ServedModel | None]) -> None:
+    """Serve :func:`full_document` as the app's ``/openapi.json`` and add the dialect documents."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = full_document(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    app.include_router(docs_router(app, served))

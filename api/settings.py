@@ -54,6 +54,8 @@ class OpenAIConfig(_Strict):
         "extra_params.work_id names another.",
     )
     max_seconds: float = Field(default=15.0, gt=0, description="Longest clip a request may ask for.")
+    max_width: int = Field(default=1280, gt=0, description="Widest frame a request may ask for.")
+    max_height: int = Field(default=1280, gt=0, description="Tallest frame a request may ask for.")
     default_request: dict[str, Any] = Field(
         default_factory=dict,
         description="Operator defaults for /v1/videos fields (same names as the request); a field the "

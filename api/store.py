@@ -429,7 +429,7 @@ class Store:
 
     def __init__(self, url: str, *, busy_timeout_s: float = 30.0, create: bool = True):
         self.url = url
-        # What committed writes changed, for readers that cache (api.views.VersionViews): a stamp
+        # What committed writes changed, for readers that cache (api.core.views.JobViews): a stamp
         # per job version and a generation of queue membership. The API process is the store's
         # only writer, so a view read under unchanged stamps is still current.
         self.queue_generation = 0

@@ -207,6 +207,7 @@ def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource
     # Thumbnail + spritesheet beside the MP4, from the frames in memory (no decode of the MP4).
     stills = media.write_stills(frames.frames, output, rt.cfg.defaults.spritesheet_frames)
     timings = _timed(decoded.meta, "write", start)
+    peak_mb, peak_kind = rt.peak_memory_mb()
     artifact = ShotArtifact(
         work_id=work_id,
         shot_id=shot_id,
@@ -229,6 +230,8 @@ def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource
             "size": f"{artifact.width}x{artifact.height}",
             "cache_hit": bool(decoded.meta.get("cache_hit")),
             "stage_timings": timings,
+            "peak_memory_mb": round(peak_mb, 1),
+            "peak_memory_kind": peak_kind,
             **stills,
         },
     )

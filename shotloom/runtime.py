@@ -160,6 +160,17 @@ class ModelRuntime:
             save_measured_peak(self.cfg.paths.cache_dir, self._peak_id(), peak, mode=mode)
             torch.cuda.reset_peak_memory_stats()
 
+    def peak_memory_mb(self) -> tuple[float, str]:
+        """(peak MiB, what was measured): on CUDA the allocator's peak since the last run ended
+        (``after_run`` resets it), elsewhere the worker process's peak resident set."""
+        import resource
+
+        import torch
+
+        if _device_type(self.device) == "cuda" and torch.cuda.is_available():
+            return torch.cuda.max_memory_allocated() / 2**20, "cuda_allocated"
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process_rss"  # KiB on Linux
+
     @property
     def generator_loads(self) -> int:
         return self._adapter.generator_loads if self._adapter is not None else 0

@@ -394,22 +394,22 @@ def test_version_bodies_follow_every_change_they_show_and_only_those(store):
     change re-reads positions once for every queue, not each queued job's row."""
     import json
 
-    from api.r2v.views import VersionViews
+    from api.r2v.views import version_views
 
     ids = [store.accept(_job(shot_id=f"s{i}")).version_id for i in range(3)]
-    views = VersionViews(store, "http://api")
+    views = version_views(store, "http://api", 100)
     reads: list[str] = []
     job_view = store.job_view
     store.job_view = lambda v: reads.append(v) or job_view(v)
 
     def body(v: str) -> dict:
-        return json.loads(views.body(v))
+        return json.loads(views.get(v))
 
     assert [body(v)["queue_position"] for v in ids] == [1, 2, 3]
-    assert views.body(ids[2]) is views.body(ids[2]) and reads == ids  # cached, read once each
+    assert views.get(ids[2]) is views.get(ids[2]) and reads == ids  # cached, read once each
 
     store.update_status(ids[0], live={"progress": {"stage": "validating", "done": 1, "total": 2}})
-    assert views.body(ids[2]) is views.body(ids[2]) and len(reads) == 3  # another job's row changed
+    assert views.get(ids[2]) is views.get(ids[2]) and len(reads) == 3  # another job's row changed
     assert body(ids[0])["progress"] == {"stage": "validating", "done": 1, "total": 2}
 
     reads.clear()
@@ -422,7 +422,23 @@ def test_version_bodies_follow_every_change_they_show_and_only_those(store):
     newer = store.accept(_job(shot_id="s9")).version_id  # enters the queue behind the others
     assert body(newer)["queue_position"] == 3 and body(ids[2])["queue_position"] == 2
     assert store.queue_positions() == {v: store.queue_position(v) for v in (ids[1], ids[2], newer)}
-    assert views.body("missing") is None
+    assert views.get("missing") is None
+
+
+def test_a_view_with_a_max_age_is_rendered_again_once_it_is_older(store, monkeypatch):
+    """Fields that move with the clock (an ETA) bound how long a rendered view stays good."""
+    from api.core import views as views_module
+
+    v = store.accept(_job()).version_id
+    renders: list[int | None] = []
+    views = views_module.JobViews(
+        store, lambda job, arts, pos: renders.append(pos) or pos, max_age=lambda j: 2.0
+    )
+    clock = [100.0]
+    monkeypatch.setattr(views_module.time, "monotonic", lambda: clock[0])
+    assert views.get(v) == 1 and views.get(v) == 1 and renders == [1]
+    clock[0] += 2.5
+    assert views.get(v) == 1 and renders == [1, 1]
 
 
 def test_a_queued_body_never_shows_no_position(store):
@@ -430,10 +446,10 @@ def test_a_queued_body_never_shows_no_position(store):
     here by a positions snapshot without it) is answered from one consistent read instead."""
     import json
 
-    from api.r2v.views import VersionViews
+    from api.r2v.views import version_views
 
     v = store.accept(_job()).version_id
-    views = VersionViews(store, "http://api")
+    views = version_views(store, "http://api", 100)
     store.queue_positions = lambda: {}
-    body = json.loads(views.body(v))
+    body = json.loads(views.get(v))
     assert (body["status"], body["queue_position"]) == ("queued", 1)

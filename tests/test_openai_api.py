@@ -226,7 +226,7 @@ def test_json_body_means_what_the_form_means(stack):
         ({"prompt": "x", "first_frame": data_url(1), "input_reference": data_url(2)}, 400, "input_reference"),
         ({"prompt": "x", "video_url": "http://example.com/a.mp4"}, 400, "video_url"),
         ({"prompt": "x", "lora": {"name": "style"}}, 400, "lora"),
-        ({"prompt": "x", "extra_params": {"vsa_mode": "exempt"}}, 400, "extra_params"),
+        ({"prompt": "x", "extra_params": {"vsa_mode": "exempt"}}, 400, "extra_params.vsa_mode"),
         ({"prompt": "x", "guides": "[]"}, 400, "guides"),
         ({"prompt": "x", "colour": "red"}, 400, "colour"),
     ],

@@ -40,6 +40,8 @@ MODEL = ServedModel(
     steps=4,
     guidance_scale=1.0,
     max_seconds=15,
+    max_width=1280,
+    max_height=720,
     default_work="openai",
     created=0,
 )
@@ -131,6 +133,10 @@ def test_seconds_snap_up_to_the_frame_grid(seconds, fps, frames):
         ({"num_frames": 16}, "num_frames"),
         ({"size": "72x64"}, "size"),
         ({"width": 72, "height": 64}, "width"),
+        ({"size": "1296x64"}, "size"),
+        ({"width": 64}, "height"),
+        ({"video_params": {"height": 64}}, "video_params.width"),  # past the server's max_width
+        ({"width": 64, "height": 736}, "width"),  # past max_height (720)
         ({"video_params": {"width": 72, "height": 64}}, "video_params.width"),
         ({"video_params": {"fps": 24}}, "video_params.fps"),
         ({"seconds": 16}, "seconds"),
@@ -166,8 +172,7 @@ def test_an_unknown_model_is_404_model_not_found():
         ({"prompt": "p", "seed": 2**32}, "seed"),
         ({"prompt": "p", "seconds": "soon"}, "seconds"),
         ({"prompt": "p", "size": "64"}, "size"),
-        ({"prompt": "p", "width": 64}, None),  # width without height: the model names the pair
-        ({"prompt": "p", "extra_params": {"vsa_mode": "x"}}, "extra_params"),
+        ({"prompt": "p", "extra_params": {"vsa_mode": "x"}}, "extra_params.vsa_mode"),
         ({"prompt": "p", "first_frame": {"image_url": "a", "bogus": 1}}, "first_frame.bogus"),
         ({"prompt": "p", "whatever": 1}, "whatever"),
     ],

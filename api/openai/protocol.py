@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.core.errors import InvalidField, NotFound
 from api.core.specs import InputRef, MemoryRef, ShotSpec
@@ -23,7 +23,6 @@ from shotloom.capabilities import Capabilities
 
 SIZE_PATTERN = r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$"
 MAX_SEED = 2**32
-EXTRA_PARAMS = ("work_id", "shot_id")  # the allow-list of extra_params
 URL_DESCRIPTION = "data: URL, http(s) URL, file:// URL or absolute path (under the server's allowed roots)"
 
 Positive = Annotated[int, Field(gt=0, le=100_000)]
@@ -56,6 +55,16 @@ class VideoParams(_Strict):
     height: Positive | None = None
     fps: Positive | None = None
     num_frames: Positive | None = None
+
+
+Name = Annotated[str, Field(min_length=1, max_length=255, pattern=r"\S")]
+
+
+class ExtraParams(_Strict):
+    """The allow-list of ``extra_params``: place the video in a work and shot of yours."""
+
+    work_id: Name | None = None
+    shot_id: Name | None = None
 
 
 class LoraSelector(_Strict):
@@ -103,9 +112,7 @@ class VideoCreateRequest(_Strict):
     video_path: str | None = Field(default=None, description="Legacy: a source video (video-to-video).")
     guides: Any = Field(default=None, description="Frame-anchored guides (multipart).")
     lora: LoraSelector | None = None
-    extra_params: dict[str, Any] | None = Field(
-        default=None, description=f"Allowed keys: {list(EXTRA_PARAMS)}."
-    )
+    extra_params: ExtraParams | None = Field(default=None, description="An allow-list of extensions.")
 
     @field_validator("seconds", mode="before")
     @classmethod
@@ -130,25 +137,6 @@ class VideoCreateRequest(_Strict):
     @classmethod
     def _one_reference(cls, v: Any) -> Any:
         return [v] if isinstance(v, dict) else v
-
-    @field_validator("extra_params")
-    @classmethod
-    def _extra_params(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        for key, value in (v or {}).items():
-            if key not in EXTRA_PARAMS:
-                raise ValueError(f"{key!r} is not allowed (allowed: {', '.join(EXTRA_PARAMS)})")
-            if not isinstance(value, str) or not value.strip() or len(value) > 255:
-                raise ValueError(f"{key} must be a non-empty string of at most 255 characters")
-        return v
-
-    @model_validator(mode="after")
-    def _pairs(self) -> VideoCreateRequest:
-        if (self.width is None) != (self.height is None):
-            raise ValueError("width and height go together")
-        vp = self.video_params
-        if vp is not None and (vp.width is None) != (vp.height is None):
-            raise ValueError("video_params.width and video_params.height go together")
-        return self
 
     def explicit(self) -> dict[str, Any]:
         """Only the fields the client set (``model_fields_set``), as plain data."""
@@ -179,7 +167,9 @@ class VideoCreateRequest(_Strict):
         layers = [self.geometry(), operator.geometry() if operator else {}]
         size = next((g for g in layers if "width" in g), {"width": model.width, "height": model.height})
         size_field = size.get("size_field", "size")
-        for key in ("width", "height"):
+        for key, most in (("width", model.max_width), ("height", model.max_height)):
+            if size[key] > most:
+                raise InvalidField(f"{key} is at most {most} on this server, got {size[key]}", size_field)
             if size[key] % caps.size_multiple:
                 raise InvalidField(
                     f"{key} must be a multiple of {caps.size_multiple} for this model, got {size[key]}",
@@ -218,13 +208,13 @@ class VideoCreateRequest(_Strict):
                 "has no effect without classifier-free guidance: set guidance_scale above 1",
                 "negative_prompt",
             )
-        extra = self.extra_params or {}
-        shot_id = extra.get("shot_id") or video_id(version_id)
+        extra = self.extra_params or ExtraParams()
+        shot_id = extra.shot_id or video_id(version_id)
         client = {"model": model.id, **self.explicit()}
         for name, digest in (upload_digests or {}).items():
             client[name] = {"upload_sha256": digest}
         return ShotSpec(
-            work_id=extra.get("work_id") or model.default_work,
+            work_id=extra.work_id or model.default_work,
             shot_id=shot_id,
             prompt=self.prompt,
             client=client,
@@ -299,6 +289,12 @@ class VideoCreateRequest(_Strict):
         num_frames, seconds, and ``size_field`` (which field gave the size)."""
         out: dict[str, Any] = {}
         vp = self.video_params or VideoParams()
+        for prefix, pair in (("", self), ("video_params.", vp)):
+            if (pair.width is None) != (pair.height is None):
+                missing = "height" if pair.height is None else "width"
+                raise InvalidField(
+                    f"width and height go together: give {prefix}{missing} too", prefix + missing
+                )
         if self.size is not None:
             w, h = (int(x) for x in self.size.split("x"))
             out.update(width=w, height=h, size_field="size")
@@ -333,6 +329,8 @@ class ServedModel:
     steps: int
     guidance_scale: float
     max_seconds: float
+    max_width: int
+    max_height: int
     default_work: str
     created: int
 
@@ -356,6 +354,11 @@ def _frames(
             raise InvalidField(
                 f"must be {caps.frame_multiple}*k+1 and at most {caps.max_frames} for this model, got {n}",
                 field,
+            )
+        most = snap_frames(model.max_seconds, fps, caps.frame_multiple)  # what max_seconds gives
+        if n > most:
+            raise InvalidField(
+                f"at most {most} at {fps} fps on this server ({model.max_seconds:g} s), got {n}", field
             )
         return n, field
     if "seconds" in g:
@@ -408,7 +411,11 @@ class VideoExtension(BaseModel):
     eta_s: float | None = Field(default=None, description="Seconds the job still expects to take.")
     file_name: str | None = None
     stage_timings: dict[str, float] = Field(default_factory=dict)
-    peak_memory_mb: float | None = None
+    peak_memory_mb: float | None = Field(
+        default=None,
+        description="Peak memory of the run, recorded when the MP4 was written: the CUDA allocator's "
+        "peak on a GPU, the worker process's peak resident set on a CPU.",
+    )
     queue_position: int | None = None
     worker: str | None = None
     work_id: str | None = None

@@ -24,17 +24,17 @@ from api.openai.protocol import (
     ModelCard,
     ModelList,
     Video,
-    VideoCreateRequest,
     VideoDeleted,
     VideoList,
     version_of,
 )
-from api.openai.serving import VideoServing, openai_errors
+from api.openai.serving import VideoServing, not_found, openai_errors
 from api.openai.uploads import guarded_body
 from api.store import UnknownVersion
 from shotloom.media import file_sha256
 
 SYNC_POLL_S = 0.2
+VIEW_CACHE_SIZE = 10_000  # cached GET /v1/videos/{id} answers; cleared when full
 POLL_HEADER = "openai-poll-after-ms"
 UPLOAD_FIELDS = ("input_reference", "first_frame", "last_frame")
 
@@ -57,7 +57,7 @@ _CREATE_BODY = {
         "required": True,
         "content": {
             "application/json": {"schema": {"$ref": "#/components/schemas/VideoCreateRequest"}},
-            "multipart/form-data": {"schema": {"$ref": "#/components/schemas/VideoCreateRequest"}},
+            "multipart/form-data": {"schema": {"$ref": "#/components/schemas/VideoCreateForm"}},
         },
     }
 }
@@ -110,13 +110,12 @@ async def read_request(request: Request, spool: Path) -> tuple[dict[str, Any], d
     )
 
 
-def openai_router(ctx: ApiContext) -> APIRouter:
+def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
     submitter = submitter_dependency(
         ctx.keys,
         lambda message: OpenAIError(401, message, code="invalid_api_key", type="authentication_error"),
     )
     router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(submitter)])
-    serving = VideoServing(ctx)
 
     def video_response(video: Video, status: int = 200) -> Response:
         return Response(
@@ -252,10 +251,21 @@ def openai_router(ctx: ApiContext) -> APIRouter:
             has_more=more,
         )
 
+    # Pollers hit this hard: served on the event loop (no threadpool hop) from cached answers.
+    views = serving.views(VIEW_CACHE_SIZE)
+
     @router.get("/videos/{video_id}", response_model=Video, responses=_ERRORS)
-    def get_video(video_id: str) -> Response:
-        video = view(serving.job(video_id))
-        return video_response(video, serving.failed_status(video))
+    async def get_video(video_id: str) -> Response:
+        version = version_of(video_id)
+        got = views.get(version) if version else None
+        if got is None:
+            raise not_found(video_id)
+        return Response(
+            got.body,
+            status_code=got.status,
+            media_type="application/json",
+            headers={POLL_HEADER: str(serving.poll_after_ms(got.video))},
+        )
 
     @router.get(
         "/videos/{video_id}/content",
@@ -278,10 +288,3 @@ def openai_router(ctx: ApiContext) -> APIRouter:
         return serving.delete(video_id)
 
     return router
-
-
-def openapi_components() -> dict[str, Any]:
-    """Schemas the routes reference by name but FastAPI cannot see (bodies read by hand)."""
-    schema = VideoCreateRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-    defs = schema.pop("$defs", {})
-    return {"VideoCreateRequest": schema, **defs}

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from pydantic import ValidationError
 
 from api.context import ApiContext
 from api.core.errors import EncoderMissing, NotFound, ServiceError, Unavailable
+from api.core.views import JobViews
 from api.health import missing_encoders
 from api.openai.errors import OpenAIError, validation_error
 from api.openai.protocol import (
@@ -57,6 +59,20 @@ _ENCODING = {
 }
 POLL_QUEUED_MS, POLL_MIN_MS, POLL_MAX_MS = 2000, 250, 2000
 TIMING_CACHE_S = 5.0  # the median job time behind ETAs is re-read at most this often
+RUNNING_VIEW_S = 1.0  # a running job's cached answer is this fresh at most (its ETA moves)
+
+
+@dataclass(frozen=True)
+class VideoView:
+    """One rendered GET /v1/videos/{id} answer."""
+
+    video: Video
+    body: bytes
+    status: int
+
+
+def not_found(video: str) -> OpenAIError:
+    return OpenAIError(404, f"no video {video!r}", param="video_id", code="not_found")
 
 
 @contextmanager
@@ -110,6 +126,7 @@ class VideoServing:
         if self.config.default_request:
             # Checked at start: a bad operator default is a configuration error, not a client's.
             self._operator = VideoCreateRequest.model_validate({"prompt": "-", **self.config.default_request})
+            self._operator.geometry()
         self._timing: tuple[float, float | None] = (0.0, None)
 
     # -- the model --------------------------------------------------------------------------------
@@ -132,11 +149,19 @@ class VideoServing:
             steps=inf.sampler.steps,
             guidance_scale=inf.sampler.guidance_scale,
             max_seconds=self.config.max_seconds,
+            max_width=self.config.max_width,
+            max_height=self.config.max_height,
             default_work=self.config.default_work,
             created=int(self.ctx.inference.paths.checkpoint.stat().st_mtime)
             if self.ctx.inference.paths.checkpoint.exists()
             else 0,
         )
+
+    def served_or_none(self) -> ServedModel | None:
+        try:
+            return self.served()
+        except Unavailable:
+            return None
 
     def model_card(self) -> ModelCard:
         inf = self.ctx.inference
@@ -214,9 +239,32 @@ class VideoServing:
     def job(self, video: str) -> JobRecord:
         version = version_of(video)
         job = self.ctx.store.get(version) if version else None
-        if job is None or job.dialect != "openai" or self.ctx.retention.expired(job):
-            raise OpenAIError(404, f"no video {video!r}", param="video_id", code="not_found")
+        if job is None or not self.visible(job):
+            raise not_found(video)
         return job
+
+    def visible(self, job: JobRecord) -> bool:
+        """A /v1 video that has not expired."""
+        return job.dialect == "openai" and not self.ctx.retention.expired(job)
+
+    def views(self, max_entries: int) -> JobViews[VideoView]:
+        """GET /v1/videos/{id} answers, cached until the job changes or its ETA or expiry moves."""
+
+        def render(job: JobRecord, _artifacts: list, position: int | None) -> VideoView | None:
+            if not self.visible(job):
+                return None
+            video = self.video(job, position)
+            return VideoView(video, video.model_dump_json().encode(), self.failed_status(video))
+
+        def max_age(job: JobRecord) -> float | None:
+            if job.status == "running":
+                return RUNNING_VIEW_S
+            if job.status == "queued":
+                return TIMING_CACHE_S
+            expires = self.ctx.retention.expires_at(job)
+            return max(0.0, expires - time.time()) if expires else None
+
+        return JobViews(self.ctx.store, render, max_entries, max_age)
 
     def median_job_s(self) -> float | None:
         at, value = self._timing
@@ -237,8 +285,7 @@ class VideoServing:
         phase = "completed" if job.status == "succeeded" else job.stage
         eta = self._eta(job, position)
         worker = (live.get("worker") or {}).get("name")
-        resources = (live.get("worker") or {}).get("resources") or {}
-        peak = resources.get("peak_rss_mb") or resources.get("gpu_peak_mb")
+        peak = result.get("peak_memory_mb")  # measured by the worker when it wrote the MP4
         file_name = Path(str(result.get("video_url"))).name if result.get("video_url") else None
         error = None
         if job.status == "failed":

@@ -20,7 +20,7 @@ from api.r2v.protocol import (
     VersionResponse,
 )
 from api.r2v.serving import ApiError, R2VServing
-from api.r2v.views import VersionViews, artifact_response, task_fields
+from api.r2v.views import artifact_response, task_fields, version_views
 from api.store import JobRecord
 
 VERSION_CACHE_SIZE = 10_000  # cached GET /version bodies; cleared when full
@@ -28,6 +28,7 @@ _ERRORS = {401: {"description": "A missing or unknown API key."}, 404: {"descrip
 _WRITE_ERRORS = {
     409: {"description": "Conflicting reuse of a job_id, or a referenced shot that is unavailable."},
     422: {"description": "Invalid field, resource URL/path, or media; the message names the field."},
+    501: {"description": "The H.264/AAC encoder the MP4 writer needs is missing."},
     503: {"description": "Not ready, or the queue is past its configured maximum."},
 }
 _REPLAY = {200: {"description": "Replay of an earlier job_id: the original task."}}
@@ -75,11 +76,11 @@ def r2v_router(ctx: ApiContext) -> APIRouter:
         return accepted(result.job, result.created)
 
     # Pollers hit this hard: served on the event loop (no threadpool hop) from cached bodies.
-    views = VersionViews(ctx.store, base, VERSION_CACHE_SIZE)
+    views = version_views(ctx.store, base, VERSION_CACHE_SIZE)
 
     @router.get("/version/{version_id}", response_model=VersionResponse, responses=_ERRORS)
     async def get_version(version_id: str) -> Response:
-        body = views.body(version_id)
+        body = views.get(version_id)
         if body is None:
             raise ApiError(404, f"unknown version {version_id!r}")
         return Response(body, media_type="application/json")

@@ -1,0 +1,108 @@
+"""Both OpenAPI documents, run against the running server by schemathesis (property-based).
+
+For every operation of ``/v1/openapi.json`` and ``/r2v/openapi.json`` (as the server publishes
+them, with the loaded model's grids written in), schema-valid requests are generated and sent
+over real HTTP to the whole stack: no answer may be a server error, use a status the document
+does not declare, or carry a body outside its declared schema. The stack runs with small limits
+(clips of at most 1 s at 64x64, a queue of 2) so that accepted requests are cheap jobs and most
+later ones meet a full queue (429/503, both declared). Bounded: a fixed number of examples per
+operation, derandomized so a CI run is repeatable.
+
+``POST /v1/videos/sync`` is left out: it holds the connection until a job ends or its configured
+wait runs out (a declared 504); tests/test_openai_api.py drives it directly.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from api_stack import ApiStack, start_api_stack, stop_api_stack, wait_for
+
+pytestmark = pytest.mark.slow
+
+QUEUE_FULL_R2V = ("/r2v", "/merge")
+
+
+@schemathesis.check
+def no_server_error(ctx, response, case) -> None:
+    """No 5xx, except the one the R2V contract prescribes: 503 for a full queue
+    (../shared/spec/r2v-scheduler.md; the /v1 dialect answers the same condition with 429)."""
+    if response.status_code == 503 and case.path in QUEUE_FULL_R2V and "queue is full" in response.text:
+        return None
+    return not_a_server_error(ctx, response, case)
+
+
+CHECKS = [no_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+EXAMPLES = {"POST": 25, "GET": 10, "DELETE": 10, "HEAD": 5}
+SKIP = {("POST", "/v1/videos/sync")}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, wan_checkpoint) -> ApiStack:
+    s = start_api_stack(
+        tmp_path_factory.mktemp("fuzz"),
+        wan_checkpoint,
+        api={
+            "max_queue": 2,
+            "inputs": {"fetch_urls": False},  # no generated URL reaches the network
+            "openai": {"max_seconds": 1, "max_width": 64, "max_height": 64},
+        },
+    )
+    yield s
+    stop_api_stack(s)
+
+
+def run_document(stack: ApiStack, path: str) -> dict[str, Counter]:
+    """Statuses seen per operation ("POST /v1/videos": Counter({200: 3, 429: 20, ...}))."""
+    doc = httpx.get(stack.base + path, timeout=30).raise_for_status().json()
+    schema = schemathesis.openapi.from_dict(doc)
+    seen: dict[str, Counter] = {}
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        if (operation.method.upper(), operation.path) in SKIP:
+            continue
+
+        @settings(
+            max_examples=EXAMPLES.get(operation.method.upper(), 10),
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(case=operation.as_strategy())
+        def exercise(case, statuses: Counter) -> None:
+            response = case.call_and_validate(base_url=stack.base, checks=CHECKS, timeout=60)
+            statuses[response.status_code] += 1
+
+        exercise(statuses=seen.setdefault(f"{operation.method.upper()} {operation.path}", Counter()))
+    print({op: dict(c) for op, c in seen.items()})
+    return seen
+
+
+def test_the_v1_document_holds_against_the_server(stack):
+    doc = httpx.get(stack.base + "/v1/openapi.json").json()
+    form = doc["components"]["schemas"]["VideoCreateForm"]["properties"]
+    # The loaded model's size grid (multiples of 16) and the server's 64x64 limit are written in.
+    assert form["size"]["anyOf"][0]["pattern"] == "^(16|32|48|64)x(16|32|48|64)$"
+    seen = run_document(stack, "/v1/openapi.json")
+    assert {"GET /v1/videos/{video_id}", "DELETE /v1/videos/{video_id}"} <= set(seen)
+    assert seen["POST /v1/videos"][200] >= 1  # generated requests do get accepted, not only refused
+
+
+def test_the_r2v_document_holds_against_the_server(stack):
+    # The /v1 run above left jobs in the shared queue: let them start, so some /r2v get accepted.
+    wait_for(lambda: stack.get("/health").json()["queues"]["r2v"]["queued"] == 0, 300, "an empty queue")
+    seen = run_document(stack, "/r2v/openapi.json")
+    assert {"POST /merge", "GET /version/{version_id}", "GET /health"} <= set(seen)
+    assert seen["POST /r2v"][202] >= 1
