@@ -55,6 +55,8 @@ def stack(tmp_path_factory, wan_checkpoint) -> ApiStack:
                 "default_work": "sdk-work",
                 "max_body_bytes": 2 * 1024 * 1024,
                 "body_idle_timeout_s": 2,
+                "default_request": {"seconds": 0.5},  # the operator's default length
+                "sync_timeout_seconds": 10,
             },
             "auth": {"key_file": str(keys)},
         },
@@ -111,6 +113,7 @@ def test_create_and_poll_then_download_every_variant(client, stack, tmp_path):
     assert ext["frames"] == 17 and ext["fps"] == 16 and video.seconds == "1.0625"
     assert ext["seed"] == 1234 and ext["work_id"] == "sdk-work" and ext["shot_id"] == video.id
     assert {"inferring", "decoding", "writing"} <= set(ext["stage_timings"])
+    assert ext["peak_memory_mb"] > 50  # the worker's measured peak (its process RSS on a CPU)
 
     info = decode(client.videos.download_content(video.id).read(), tmp_path)
     assert (info.frames, info.width, info.height) == (17, 64, 64)
@@ -323,10 +326,72 @@ def test_sync_returns_the_mp4_and_keeps_no_copy(stack, tmp_path):
     vid = resp.headers["X-Request-Id"]
     assert resp.headers["X-Model"] == MODEL
     assert float(resp.headers["X-Inference-Time-S"]) > 0
+    assert float(resp.headers["X-Peak-Memory-MB"]) > 50
     assert "inferring" in json.loads(resp.headers["X-Stage-Durations"])
     info = decode(resp.content, tmp_path)
     assert (info.frames, info.width) == (17, 64)
     wait_for(lambda: stack.get(f"/v1/videos/{vid}").status_code == 404, 10, "the sync job to be removed")
+
+
+def test_sync_past_its_wait_is_504_naming_the_job_and_a_client_that_leaves_cancels_it(client, stack):
+    # Long clips hold both workers and the queue, so sync jobs wait past the stack's 10 s.
+    blockers = [client.videos.create(prompt=f"long clip {i}", size="64x64", seconds="15") for i in range(4)]
+    try:
+        resp = stack.client.post(
+            stack.base + "/v1/videos/sync",
+            json={"prompt": "too slow", "size": "64x64", "seconds": "1"},
+            timeout=60,
+        )
+        assert resp.status_code == 504, resp.text
+        error, location = resp.json()["error"], resp.headers["location"]
+        vid = location.rsplit("/", 1)[1]
+        assert error["code"] == "timeout" and vid in error["message"]
+        assert stack.get(location).json()["status"] in ("queued", "in_progress")  # poll it instead
+        client.videos.delete(vid)
+
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and hangs up
+            stack.client.post(
+                stack.base + "/v1/videos/sync",
+                json={"prompt": "walked away", "size": "64x64", "seconds": "1"},
+                timeout=2,
+            )
+        left = next(v for v in client.videos.list(limit=10) if v.prompt == "walked away")
+        assert wait_status(stack, left.id, ("cancelled",), timeout=30)["status"] == "cancelled"
+    finally:
+        for video in blockers:
+            client.videos.delete(video.id)
+
+
+def test_operator_defaults_sit_between_the_client_and_the_preset(stack):
+    # The stack's default_request sets seconds 0.5: a request that gives no length gets 9 frames
+    # (the preset says 17); a length the client sets wins over the operator's.
+    implicit = stack.post("/v1/videos", {"prompt": "operator length", "size": "64x64"}).json()
+    explicit = stack.post("/v1/videos", {"prompt": "client length", "size": "64x64", "num_frames": 5}).json()
+    assert (implicit["shotloom"]["frames"], implicit["seconds"]) == (9, "0.5625")
+    assert (explicit["shotloom"]["frames"], explicit["seconds"]) == (5, "0.3125")
+    card = stack.get(f"/v1/models/{MODEL}").json()
+    assert card["defaults"]["num_frames"] == 17  # the model's own preset is unchanged
+    for video in (implicit, explicit):
+        stack.client.delete(stack.base + f"/v1/videos/{video['id']}")
+
+
+def test_a_failed_job_answers_500_with_its_error(client, stack):
+    from api.dagster_client import DagsterGateway
+
+    video = client.videos.create(prompt="stopped by the operator", size="64x64", seconds="1")
+    version = video.model_extra["shotloom"]["version_id"]
+    run_id = wait_for(lambda: stack.get(f"/version/{version}").json().get("run_id"), 60, "the run")
+    web = yaml.safe_load(stack.config.read_text())["webserver"]
+    assert DagsterGateway(web["host"], web["port"]).terminate(run_id, wait_starting_s=30)  # from the UI
+    failed = wait_status(stack, video.id, ("failed", "completed"))
+    if failed["status"] == "completed":
+        pytest.skip("the run finished before it could be terminated")
+    resp = stack.get(f"/v1/videos/{video.id}")
+    assert resp.status_code == 500  # the contract: a failed generation is a 500 when retrieved
+    error = resp.json()["error"]
+    assert error["code"] == "generation_failed" and error["status"] == 500 and error["message"]
+    with pytest.raises(openai.InternalServerError):
+        client.videos.retrieve(video.id)
 
 
 def test_idempotency_key_replays_the_same_video(stack):
@@ -404,6 +469,12 @@ def test_a_body_that_stalls_is_408(stack):
         )
         sock.sendall(head.encode() + b'{"prompt": "stalled')
         started = time.monotonic()
-        answer = sock.recv(65536).decode()
+        answer = b""
+        while b"}}" not in answer:  # head and body may arrive in separate reads
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        answer = answer.decode()
     assert answer.startswith("HTTP/1.1 408"), answer
     assert "request_timeout" in answer and time.monotonic() - started < 20

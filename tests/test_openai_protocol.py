@@ -232,3 +232,15 @@ def test_a_full_queue_is_429_with_a_retry_after(tmp_path):
     store.update_status(running.version_id, live={"stage_times": {"claimed": now - 400}})
     assert jobs.retry_after_s() == 2
     store.close()
+
+
+def test_unknown_fields_are_refused_or_with_the_warn_switch_logged_and_dropped(caplog):
+    from api.openai.serving import parse_request
+
+    body = {"prompt": "p", "vsa_sparsity": 0.5, "seed": 3}
+    with pytest.raises(OpenAIError) as info:
+        parse_request(body)
+    assert (info.value.status, info.value.param) == (400, "vsa_sparsity")
+    with caplog.at_level("WARNING", logger="shotloom.api.openai"):
+        req = parse_request(body, "warn")
+    assert req.seed == 3 and "vsa_sparsity" in caplog.text

@@ -85,6 +85,18 @@ def openai_errors() -> Iterator[None]:
         raise validation_error(exc) from None
 
 
+def parse_request(raw: dict[str, Any], unknown_fields: str = "reject") -> VideoCreateRequest:
+    """The typed request; unknown top-level fields are a 400, or (``warn``) logged and dropped."""
+    if unknown_fields == "warn":
+        known = set(VideoCreateRequest.model_fields)
+        unknown = sorted(k for k in raw if k not in known)
+        if unknown:
+            log.warning("ignoring unknown /v1/videos fields: %s", ", ".join(unknown))
+            raw = {k: v for k, v in raw.items() if k in known}
+    with openai_errors():
+        return VideoCreateRequest.model_validate(raw)
+
+
 def _progress(job: JobRecord, steps: int) -> tuple[int, int | None]:
     """(progress percent, denoise steps done) from the job's stage and live progress."""
     if job.status == "succeeded":
@@ -191,14 +203,7 @@ class VideoServing:
 
     # -- create ---------------------------------------------------------------------------------
     def parse(self, raw: dict[str, Any]) -> VideoCreateRequest:
-        if self.config.unknown_fields == "warn":
-            known = set(VideoCreateRequest.model_fields)
-            unknown = sorted(k for k in raw if k not in known)
-            if unknown:
-                log.warning("ignoring unknown /v1/videos fields: %s", ", ".join(unknown))
-                raw = {k: v for k, v in raw.items() if k in known}
-        with openai_errors():
-            return VideoCreateRequest.model_validate(raw)
+        return parse_request(raw, self.config.unknown_fields)
 
     def create(
         self,
