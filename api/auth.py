@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from api.settings import AuthConfig
+from shotloom.api_config import AuthConfig
 
 ANONYMOUS = "api"  # the submitter of requests on a server without keys
 

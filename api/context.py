@@ -11,8 +11,8 @@ from api.core.jobs import JobService
 from api.core.retention import Retention
 from api.dagster_client import DagsterGateway
 from api.follower import Follower
-from api.settings import ApiConfig
 from api.store import Store
+from shotloom.api_config import ApiConfig
 from shotloom.config import InferenceConfig
 
 

@@ -22,10 +22,10 @@ import httpx
 
 from api.core.jobs import VERSION_TAG, VIDEO_KIND
 from api.dagster_client import WILL_RETRY_TAG, DagsterGateway, DagsterUnavailable, RunInfo
-from api.settings import ApiConfig
 from api.store import JobRecord, Store, backoff_delay
 from orchestration.launcher import WORKER_TAG, WorkerError, call_worker, read_workers
 from shotloom import stages
+from shotloom.api_config import ApiConfig
 
 log = logging.getLogger("shotloom.api")
 STILLS = ("thumbnail", "spritesheet")  # image artifacts recorded beside each video

@@ -12,8 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from api.settings import ApiConfig
 from orchestration.launcher import GPU_TAG
+from shotloom.api_config import ApiConfig
 from shotloom.config import REPO_ROOT
 
 

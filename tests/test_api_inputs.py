@@ -17,8 +17,8 @@ from PIL import Image
 
 import api.inputs as api_inputs
 from api.inputs import InputError, copy_into_assets, resolve_resource
-from api.settings import InputPolicy
 from api.store import Store
+from shotloom.api_config import InputPolicy
 from shotloom.media import write_mp4
 
 

@@ -13,8 +13,8 @@ from PIL import Image
 from api.core.jobs import JobService
 from api.r2v.protocol import MergeRequest, R2VRequest
 from api.r2v.serving import ApiError, R2VServing
-from api.settings import ApiConfig
 from api.store import Store
+from shotloom.api_config import ApiConfig
 from shotloom.media import write_mp4
 
 WAN_LIKE = {  # what a tiny Wan VACE worker publishes

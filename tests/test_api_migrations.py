@@ -13,8 +13,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from api import migrations
-from api.settings import ApiConfig
 from api.store import Base, NewJob, Store, payload_hash
+from shotloom.api_config import ApiConfig
 
 import pg
 

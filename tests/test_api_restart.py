@@ -13,8 +13,8 @@ import yaml
 from api.core.jobs import VERSION_TAG, JobService
 from api.dagster_client import DagsterGateway
 from api.r2v.protocol import R2VRequest
-from api.settings import ApiConfig
 from api.store import Store
+from shotloom.api_config import ApiConfig
 
 from api_stack import kill_everything, launch, wait_for, wait_ready, write_server_yaml
 from test_api_http import Receiver, shot

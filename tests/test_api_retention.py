@@ -9,8 +9,8 @@ import pytest
 from api.core.errors import TooLarge
 from api.core.jobs import JobService
 from api.core.retention import Retention
-from api.settings import ApiConfig, OpenAIConfig
 from api.store import NewJob, Store
+from shotloom.api_config import ApiConfig, OpenAIConfig
 
 DAY = 86_400.0
 

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from api import store as store_module
-from api.settings import ApiConfig
 from api.store import IdempotencyConflict, NewJob, Store, UnknownVersion, backoff_delay, payload_hash
+from shotloom.api_config import ApiConfig
 
 import pg
 

@@ -14,8 +14,8 @@ from api.core.jobs import JobService
 from api.openai.errors import OpenAIError, validation_error
 from api.openai.forms import FormError, unflatten
 from api.openai.protocol import ServedModel, VideoCreateRequest, snap_frames
-from api.settings import ApiConfig
 from api.store import NewJob, Store
+from shotloom.api_config import ApiConfig
 from shotloom.capabilities import Capabilities
 
 WAN = Capabilities(

@@ -1,4 +1,5 @@
-"""Both OpenAPI documents, run against the running server by schemathesis (property-based).
+"""Both OpenAPI documents, run against the running server by schemathesis (property-based),
+and the /v1 backpressure, on a stack with small limits.
 
 For every operation of ``/v1/openapi.json`` and ``/r2v/openapi.json`` (as the server publishes
 them, with the loaded model's grids written in), schema-valid requests are generated and sent
@@ -88,6 +89,24 @@ def run_document(stack: ApiStack, path: str) -> dict[str, Counter]:
         exercise(statuses=seen.setdefault(f"{operation.method.upper()} {operation.path}", Counter()))
     print({op: dict(c) for op, c in seen.items()})
     return seen
+
+
+def test_past_max_queue_a_video_is_429_queue_full_with_a_retry_after(stack):
+    """Backpressure on the stack's queue of 2: refused at admission, with when to come back."""
+    accepted, refused = [], None
+    for i in range(8):
+        resp = stack.post("/v1/videos", {"prompt": f"backpressure {i}", "size": "64x64", "seconds": 1})
+        if resp.status_code == 429:
+            refused = resp
+            break
+        assert resp.status_code == 200, resp.text
+        accepted.append(resp.json()["id"])
+    assert refused is not None, "the queue never filled"
+    error = refused.json()["error"]
+    assert (error["code"], error["type"]) == ("queue_full", "rate_limit_error")
+    assert int(refused.headers["retry-after"]) >= 2
+    for vid in accepted:
+        stack.client.delete(stack.base + f"/v1/videos/{vid}")
 
 
 def test_the_v1_document_holds_against_the_server(stack):

@@ -21,8 +21,8 @@ from typing import Any
 from api.core.errors import Conflict, InvalidField, NotFound, QueueFull, Unavailable
 from api.core.specs import InputRef, MergeSpec, ShotSpec
 from api.inputs import InputAsset, InputError, Role, copy_into_assets, resolve_resource
-from api.settings import ApiConfig
 from api.store import FINISHED, IdempotencyConflict, JobKind, JobRecord, NewJob, Store, payload_hash
+from shotloom.api_config import ApiConfig
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import Defaults
 from shotloom.request import GenerationRequest, MemorySlot

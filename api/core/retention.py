@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from api.core.errors import TooLarge
 from api.core.jobs import JobService
-from api.settings import OpenAIConfig
 from api.store import JobRecord, Store
+from shotloom.api_config import OpenAIConfig
 
 log = logging.getLogger("shotloom.api.retention")
 DIALECT = "openai"  # the dialect whose jobs the store bounds (R2V versions are kept as lineage)

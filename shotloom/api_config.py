@@ -1,4 +1,5 @@
-"""The API's part of the server YAML (embedded as ``ServerConfig.api``).
+"""The API's part of the server YAML (embedded as ``ServerConfig.api``): below both ``api`` and
+``orchestration`` so that neither imports up.
 
 Pure pydantic: no Dagster, no torch. Relative paths are resolved by the caller (the server config).
 """
