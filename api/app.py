@@ -18,7 +18,7 @@ from api.deps import submitter_dependency
 from api.health import health_router
 from api.media_routes import media_router
 from api.openai.errors import OpenAIError, is_openai_path, openai_error_response, validation_error_response
-from api.openai.router import openai_router
+from api.openai.router import openai_router, openai_submitter
 from api.openai.serving import VideoServing
 from api.openapi import install as install_openapi
 from api.r2v.protocol import validation_error_body
@@ -41,6 +41,10 @@ def create_app(ctx: ApiContext) -> FastAPI:
         description="Video generation queued on Dagster device workers: the R2V scheduler API and "
         "the OpenAI-compatible video API (/v1).",
         lifespan=lifespan,
+        # /openapi.json and /docs are served by api.openapi (behind the key when keys are set).
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
 
     @app.exception_handler(RequestValidationError)
@@ -63,5 +67,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(health_router(ctx))
     submitter = submitter_dependency(ctx.keys, lambda message: ApiError(401, message))
     app.include_router(media_router(ctx.media_root), dependencies=[Depends(submitter)])
-    install_openapi(app, videos.served_or_none)
+    install_openapi(
+        app, videos.served_or_none, submitter, openai_submitter(ctx.keys), browsable=not ctx.keys.enabled
+    )
     return app

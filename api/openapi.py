@@ -15,8 +15,10 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse
 
 from api.openai.protocol import ServedModel, VideoCreateRequest, snap_frames
 
@@ -135,18 +137,35 @@ def _url_patterns(schema: dict[str, Any]) -> None:
                     branch["pattern"] = URL_PATTERN
 
 
-def docs_router(app: FastAPI, served: Callable[[], ServedModel | None]) -> APIRouter:
-    """``/r2v/openapi.json`` and ``/v1/openapi.json``; the latter carries the loaded model's grids
-    once a worker has published them (before that, the model-independent constraints only).
-    Like FastAPI's ``/openapi.json`` and ``/docs``, these describe the API and hold no data: they
-    are served without an API key."""
+def docs_router(
+    app: FastAPI,
+    served: Callable[[], ServedModel | None],
+    r2v_key: Callable[..., Any],
+    openai_key: Callable[..., Any],
+    browsable: bool,
+) -> APIRouter:
+    """``/openapi.json`` (the whole API), ``/r2v/openapi.json`` and ``/v1/openapi.json``; the
+    latter carries the loaded model's grids once a worker has published them (before that, the
+    model-independent constraints only). Each needs the API key when keys are set (``*_key``:
+    the dialect's key dependency, so a refusal has that dialect's 401 shape). ``/docs`` (Swagger
+    UI) only when ``browsable``: a browser page cannot send a key."""
     router = APIRouter(include_in_schema=False)
 
-    @router.get("/r2v/openapi.json")
+    if browsable:
+
+        @router.get("/docs")
+        def swagger() -> HTMLResponse:
+            return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} API")
+
+    @router.get("/openapi.json", dependencies=[Depends(r2v_key)])
+    def whole_document() -> dict[str, Any]:
+        return app.openapi()
+
+    @router.get("/r2v/openapi.json", dependencies=[Depends(r2v_key)])
     def r2v_document() -> dict[str, Any]:
         return dialect_document(app.openapi(), ("r2v", "media"), f"{app.title}: the R2V scheduler API")
 
-    @router.get("/v1/openapi.json")
+    @router.get("/v1/openapi.json", dependencies=[Depends(openai_key)])
     def openai_document() -> dict[str, Any]:
         doc = dialect_document(app.openapi(), ("openai",), f"{app.title}: the OpenAI-compatible video API")
         model = served()
@@ -155,8 +174,16 @@ def docs_router(app: FastAPI, served: Callable[[], ServedModel | None]) -> APIRo
     return router
 
 
-def install(app: FastAPI, served: Callable[[], ServedModel | None]) -> None:
-    """Serve :func:`full_document` as the app's ``/openapi.json`` and add the dialect documents."""
+def install(
+    app: FastAPI,
+    served: Callable[[], ServedModel | None],
+    r2v_key: Callable[..., Any],
+    openai_key: Callable[..., Any],
+    *,
+    browsable: bool,
+) -> None:
+    """Serve :func:`full_document` as the app's ``/openapi.json`` (the app is made with
+    ``openapi_url=None``, so that route is ours and keyed) and add the dialect documents."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -164,4 +191,4 @@ def install(app: FastAPI, served: Callable[[], ServedModel | None]) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    app.include_router(docs_router(app, served))
+    app.include_router(docs_router(app, served, r2v_key, openai_key, browsable))

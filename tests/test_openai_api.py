@@ -426,6 +426,10 @@ def test_api_keys_guard_every_route_but_health(stack):
         assert resp.status_code == 401 and "detail" in resp.json()  # the R2V dialect's own shape
         assert bare.get(stack.base + "/version/x").status_code == 401
         assert bare.get(stack.base + "/media/anything.mp4").status_code == 401
+        for doc in ("/openapi.json", "/r2v/openapi.json", "/v1/openapi.json"):  # the documents too
+            assert bare.get(stack.base + doc).status_code == 401
+            assert stack.get(doc).json()["openapi"].startswith("3.")
+        assert bare.get(stack.base + "/docs").status_code == 404  # a browser page cannot send a key
         other = {"Authorization": "Bearer sk-other-9876543210"}
         assert bare.get(stack.base + "/v1/models", headers=other).status_code == 200
     finally:

@@ -7,6 +7,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -16,6 +17,7 @@ from fastapi.responses import FileResponse, Response
 from starlette.background import BackgroundTask
 from starlette.datastructures import UploadFile
 
+from api.auth import KeyRing
 from api.context import ApiContext
 from api.deps import submitter_dependency
 from api.openai.errors import ErrorBody, OpenAIError
@@ -110,11 +112,15 @@ async def read_request(request: Request, spool: Path) -> tuple[dict[str, Any], d
     )
 
 
-def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
-    submitter = submitter_dependency(
-        ctx.keys,
-        lambda message: OpenAIError(401, message, code="invalid_api_key", type="authentication_error"),
+def openai_submitter(keys: KeyRing) -> Callable[..., str]:
+    """The key check with this dialect's 401 (the error envelope)."""
+    return submitter_dependency(
+        keys, lambda message: OpenAIError(401, message, code="invalid_api_key", type="authentication_error")
     )
+
+
+def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
+    submitter = openai_submitter(ctx.keys)
     router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(submitter)])
 
     def video_response(video: Video, status: int = 200) -> Response:
