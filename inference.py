@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-frames", type=int)
     p.add_argument("--fps", type=int)
     p.add_argument("--guidance-scale", type=float)
+    p.add_argument("--source-video", type=Path, help="video-to-video: the clip to start from")
+    p.add_argument(
+        "--strength", type=float, help="how far from --source-video to go, in (0, 1] (default: the YAML's)"
+    )
     p.add_argument("--output", type=Path, required=True)
     return p
 
@@ -59,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         first_frame=args.first_frame,
         last_frame=args.last_frame,
         memory=args.memory,
+        source_video=args.source_video,
+        strength=args.strength,
     )
     try:
         result = runtime.generate(req, args.output)
@@ -68,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "output": str(result.output),
         "seed": req.seed,
+        "strength": req.strength,
         "checkpoint": runtime.checkpoint_id,
         "cache_hit": result.cache_hit,
         "timings": result.timings,

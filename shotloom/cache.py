@@ -36,6 +36,7 @@ def conditioning_key(encoder_identity: str, req: GenerationRequest) -> str:
         "first_frame": digest(req.first_frame),
         "last_frame": digest(req.last_frame),
         "memory": [[digest(m.image), digest(m.audio)] for m in req.memory],
+        "source_video": digest(req.source_video),
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 

@@ -27,6 +27,7 @@ class Capabilities:
     fps: tuple[int, ...]  # frame rates the family was trained for
     guidance_range: tuple[float, float]
     max_frames: int = 1025
+    video_to_video: bool = False  # a source video conditions the generation at a strength
 
     def check(self, req: GenerationRequest) -> None:
         """Raise CapabilityError naming the first field outside these capabilities."""
@@ -53,6 +54,13 @@ class Capabilities:
             raise CapabilityError("first_frame", "this model family does not take a first frame")
         if req.last_frame is not None and not self.last_frame:
             raise CapabilityError("last_frame", "this model family does not take a last frame")
+        if req.source_video is not None and not self.video_to_video:
+            raise CapabilityError("source_video", "this model family does not take a source video")
+        if req.strength is not None:
+            if req.source_video is None:
+                raise CapabilityError("strength", "applies to a source video; none was given")
+            if not 0.0 < req.strength <= 1.0:
+                raise CapabilityError("strength", f"must be within (0, 1], got {req.strength}")
         if len(req.memory) > self.max_reference_images:
             raise CapabilityError(
                 "memory",

@@ -70,6 +70,13 @@ class Defaults(_Strict):
     num_frames: int = Field(default=17, gt=0)
     fps: int = Field(default=16, gt=0)
     negative_prompt: str = ""
+    strength: float = Field(
+        default=0.6,
+        gt=0,
+        le=1,
+        description="Video-to-video: how far from the source a generation may go (1: ignore it). "
+        "Denoising starts at the sampler's first sigma at or below it.",
+    )
     spritesheet_frames: int = Field(
         default=9,
         ge=1,

@@ -29,10 +29,14 @@ class GenerationRequest:
     first_frame: Path | None = None
     last_frame: Path | None = None
     memory: tuple[MemorySlot, ...] = field(default_factory=tuple)
+    # Video-to-video: the source's frames, re-noised to the schedule's first sigma <= strength,
+    # are where denoising starts (strength 1: the source is ignored; lower: closer to it).
+    source_video: Path | None = None
+    strength: float | None = None
 
     def to_json(self) -> dict:
         data = asdict(self)
-        for key in ("first_frame", "last_frame"):
+        for key in ("first_frame", "last_frame", "source_video"):
             data[key] = str(data[key]) if data[key] is not None else None
         data["memory"] = [
             {"image": str(m.image), "audio": str(m.audio) if m.audio else None} for m in self.memory
@@ -42,7 +46,7 @@ class GenerationRequest:
     @classmethod
     def from_json(cls, data: dict) -> GenerationRequest:
         data = dict(data)
-        for key in ("first_frame", "last_frame"):
+        for key in ("first_frame", "last_frame", "source_video"):
             data[key] = Path(data[key]) if data.get(key) else None
         data["memory"] = tuple(
             MemorySlot(Path(m["image"]), Path(m["audio"]) if m.get("audio") else None)

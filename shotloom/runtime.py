@@ -226,6 +226,8 @@ class ModelRuntime:
         first_frame: Path | None = None,
         last_frame: Path | None = None,
         memory: list[MemorySlot] | tuple[MemorySlot, ...] = (),
+        source_video: Path | None = None,
+        strength: float | None = None,
     ) -> GenerationRequest:
         """Fill unset fields from the inference YAML's defaults (never rounds what was asked)."""
         d = self.cfg.defaults
@@ -241,10 +243,13 @@ class ModelRuntime:
             first_frame=first_frame,
             last_frame=last_frame,
             memory=tuple(memory),
+            source_video=source_video,
+            strength=(strength if strength is not None else d.strength) if source_video else strength,
         )
 
     def check(self, req: GenerationRequest) -> None:
-        for path in [req.first_frame, req.last_frame, *[p for m in req.memory for p in (m.image, m.audio)]]:
+        memory = [p for m in req.memory for p in (m.image, m.audio)]
+        for path in [req.first_frame, req.last_frame, req.source_video, *memory]:
             if path is not None and not Path(path).is_file():
                 raise FileNotFoundError(f"input file not found: {path}")
         self.adapter.check(req)

@@ -9,6 +9,8 @@ here pins the YAML's sigma list and ignores what the pipeline asks.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -43,6 +45,25 @@ def make_dmd_scheduler(base_config, sigmas: list[float], shift: float) -> DMDSch
     )
     sched.pinned_sigmas = list(sigmas)
     return sched
+
+
+@contextmanager
+def pinned(scheduler: DMDScheduler, sigmas: list[float]) -> Iterator[None]:
+    """Pin ``sigmas`` (e.g. a video-to-video tail of the YAML's) on a DMD scheduler for a while."""
+    saved, scheduler.pinned_sigmas = scheduler.pinned_sigmas, list(sigmas)
+    try:
+        yield
+    finally:
+        scheduler.pinned_sigmas = saved
+
+
+def strength_schedule(sigmas: list[float], strength: float | None) -> list[float]:
+    """The sigmas a video-to-video generation samples: from the first one at or below
+    ``strength`` on (at least the last one). ``None`` (no source video): all of them."""
+    if strength is None:
+        return list(sigmas)
+    tail = [s for s in sigmas if s <= strength + 1e-9]
+    return tail or [sigmas[-1]]
 
 
 def seed_everything(seed: int) -> torch.Generator:

@@ -72,6 +72,22 @@ def test_cli_writes_the_mp4_the_yaml_asks_for(wan_config, tmp_path, image_file):
     assert summary["seed"] == 5 and summary["sha256"] == info.sha256 and summary["cache_hit"] is False
 
 
+def test_cli_runs_video_to_video_from_a_source_clip(wan_config, tmp_path):
+    source = tmp_path / "source.mp4"
+    proc = run_cli(
+        "--config", str(wan_config), "--prompt", "a red kite", "--seed", "1", "--output", str(source)
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "remix.mp4"
+    args = ["--config", str(wan_config), "--prompt", "a blue bird", "--seed", "2", "--output", str(out)]
+    proc = run_cli(*args, "--source-video", str(source), "--strength", "0.5")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["strength"] == 0.5 and media.probe(out).frames == 17
+    proc = run_cli(*args, "--strength", "0.5")  # a strength with nothing to apply it to
+    assert proc.returncode == 2 and "strength" in proc.stderr
+
+
 def test_cli_capability_error_names_the_field(wan_config, tmp_path):
     proc = run_cli(
         "--config",

@@ -25,6 +25,40 @@ from shotloom.request import GenerationRequest
 Progress = Callable[[int, int], None]
 
 
+def fit_image(im, width: int, height: int):
+    """Scale a PIL image to cover width x height, then centre-crop: exact size, aspect kept."""
+    from PIL import Image
+
+    im = im.convert("RGB")
+    scale = max(width / im.width, height / im.height)
+    w, h = max(width, round(im.width * scale)), max(height, round(im.height * scale))
+    im = im.resize((w, h), Image.Resampling.BICUBIC)
+    left, top = (w - width) // 2, (h - height) // 2
+    return im.crop((left, top, left + width, top + height))
+
+
+def source_frames(path: Path, num_frames: int, width: int, height: int) -> np.ndarray:
+    """A source video's first ``num_frames`` frames (the last one repeated past its end), each
+    fitted to width x height: float32 (F, H, W, 3) in [0, 1]. Unreadable: CapabilityError."""
+    from PIL import Image
+
+    from shotloom.capabilities import CapabilityError
+    from shotloom.media import iter_frames
+
+    frames: list[np.ndarray] = []
+    try:
+        for frame in iter_frames(path):
+            frames.append(np.asarray(fit_image(Image.fromarray(frame), width, height), dtype=np.float32))
+            if len(frames) == num_frames:
+                break
+    except Exception as exc:  # PyAV/FFmpeg errors of any kind: the input is what is wrong
+        raise CapabilityError("source_video", f"cannot read {path}: {exc}") from exc
+    if not frames:
+        raise CapabilityError("source_video", f"{path} has no decodable video frames")
+    frames += [frames[-1]] * (num_frames - len(frames))
+    return np.stack(frames) / 255.0
+
+
 @dataclass
 class DecodedMedia:
     frames: np.ndarray  # (F, H, W, 3) uint8

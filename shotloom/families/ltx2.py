@@ -47,10 +47,10 @@ from PIL import Image
 from shotloom.bundle import TensorBundle
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import InferenceConfig, Sampler, Tiling
-from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress
+from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress, source_frames
 from shotloom.families.weights import build_checkpoint, ensure_checkpoint, place_pipeline
 from shotloom.request import GenerationRequest
-from shotloom.sampler import make_dmd_scheduler, seed_everything
+from shotloom.sampler import make_dmd_scheduler, pinned, seed_everything, strength_schedule
 
 PIPELINE = "LTX2ConditionPipeline"
 # Checkpoints declaring a sibling pipeline hold the same components; they are re-wrapped.
@@ -438,6 +438,7 @@ class LTX2Adapter(FamilyAdapter):
             audio_out=True,
             frame_multiple=pipe.vae_temporal_compression_ratio * pipe.transformer_temporal_patch_size,
             size_multiple=math.lcm(SIZE_MULTIPLE, spatial),
+            video_to_video=True,
             fps=FPS,
             guidance_range=GUIDANCE_RANGE,
         )
@@ -468,12 +469,20 @@ class LTX2Adapter(FamilyAdapter):
             with _reading(c.field):
                 images.append(_open_rgb(c.path))
         audio = self._read_slot_audio(req)
+        source = None
+        if req.source_video is not None:
+            source = source_frames(req.source_video, req.num_frames, req.width, req.height)
+        source_audio = self._read_source_audio(req) if source is not None and audio is None else None
         tensors = self._encode_text(req, device)
         with _untiled(self.pipe.vae):
             for i, image in enumerate(images):
                 tensors[f"image_latents.{i}"] = self._encode_image(image, req, device)
+            if source is not None:
+                tensors["source_latents"] = self._encode_source(source, device)
         if audio is not None:
             tensors["audio_latents"] = self._encode_audio(audio, req, device)
+        if source_audio is not None:
+            tensors["source_audio_latents"] = self._encode_audio(source_audio, req, device)
         meta = {
             "family": self.family,
             "width": req.width,
@@ -534,18 +543,38 @@ class LTX2Adapter(FamilyAdapter):
         latents = pipe.vae.encode(frames).latent_dist.mode()
         return pipe._normalize_latents(latents, pipe.vae.latents_mean, pipe.vae.latents_std).float()
 
+    def _encode_source(self, frames: np.ndarray, device: torch.device) -> torch.Tensor:
+        """A source video's normalised latents (VAE mode), as the DiT sees clean video."""
+        pipe = self.pipe
+        video = torch.from_numpy(frames).permute(3, 0, 1, 2).unsqueeze(0) * 2.0 - 1.0  # (1, 3, F, H, W)
+        latents = pipe.vae.encode(video.to(device, pipe.vae.dtype)).latent_dist.mode()
+        return pipe._normalize_latents(latents, pipe.vae.latents_mean, pipe.vae.latents_std).float()
+
+    def _read_source_audio(self, req: GenerationRequest) -> np.ndarray | None:
+        """The source video's own audio track (re-noised like its frames), or None without one."""
+        import av
+
+        with _reading("source_video"), av.open(str(req.source_video)) as container:
+            if not container.streams.audio:
+                return None
+        return self._audio_span(req.source_video, req, "source_video")
+
+    def _audio_span(self, path: Path, req: GenerationRequest, field: str) -> np.ndarray:
+        """``path``'s audio at the audio VAE's rate, covering exactly the clip's audio latents."""
+        pipe = self.pipe
+        ratio, hop = pipe.audio_vae_temporal_compression_ratio, pipe.audio_hop_length
+        span = self._dims(req).audio_frames * ratio * hop
+        channels = pipe.audio_vae.config.in_channels
+        with _reading(field):
+            wave = _read_audio(path, pipe.audio_sampling_rate, channels, span)
+        return _fit(wave, span)  # silence past the input's end
+
     def _read_slot_audio(self, req: GenerationRequest) -> np.ndarray | None:
         """The memory slot's audio at the audio VAE's rate, covering exactly the clip's audio latents."""
         slot = next((i for i, s in enumerate(req.memory) if s.audio is not None), None)
         if slot is None:
             return None
-        pipe = self.pipe
-        ratio, hop = pipe.audio_vae_temporal_compression_ratio, pipe.audio_hop_length
-        span = self._dims(req).audio_frames * ratio * hop
-        channels = pipe.audio_vae.config.in_channels
-        with _reading(f"memory[{slot}].audio"):
-            wave = _read_audio(req.memory[slot].audio, pipe.audio_sampling_rate, channels, span)
-        return _fit(wave, span)  # silence past the input's end
+        return self._audio_span(req.memory[slot].audio, req, f"memory[{slot}].audio")
 
     def _encode_audio(self, wave: np.ndarray, req: GenerationRequest, device: torch.device) -> torch.Tensor:
         """Log-mel, then the audio VAE: raw latents (1, C, frames, mel), as __call__'s ``audio_latents``."""
@@ -567,16 +596,21 @@ class LTX2Adapter(FamilyAdapter):
         device = torch.device(self.device)
         t = {k: v.to(device) for k, v in cond.tensors.items()}
         dims = self._dims(req)
-        # 1. Timesteps: the YAML's sigmas (pinned on the DMD scheduler).
+        # 1. Timesteps: the YAML's sigmas (pinned on the DMD scheduler); their tail from the
+        #    strength on for video-to-video.
+        v2v = "source_latents" in t
+        sigmas = strength_schedule(self.cfg.sampler.sigmas, req.strength if v2v else None)
         sched = pipe.scheduler
         audio_sched = pipe.audio_scheduler if pipe.audio_scheduler is not None else copy.deepcopy(sched)
         for s in (sched, audio_sched):
-            s.set_timesteps(sigmas=self.cfg.sampler.sigmas, device=device)
+            with pinned(s, sigmas):  # DMD schedulers answer their pinned list, whatever is passed
+                s.set_timesteps(sigmas=sigmas, device=device)
         # 2. Noise from the generator (video, then audio, as __call__); DMD re-noise from the global RNG.
         generator = seed_everything(req.seed)
-        video = self._prepare_video(t, cond.meta["conditions"], req, dims, generator, float(sched.sigmas[0]))
+        sigma0 = float(sched.sigmas[0])
+        video = self._prepare_video(t, cond.meta["conditions"], req, dims, generator, sigma0)
         held = "audio_latents" in t
-        audio = self._prepare_audio(t.get("audio_latents"), dims, generator, device)
+        audio = self._prepare_audio(t, dims, generator, device, sigma0 if v2v else None)
         # 3. Sample.
         latents, audio = self._sample(t, video, audio, held, (sched, audio_sched), req, dims, progress)
         # 4. Unpack and denormalise, as __call__ does for output_type="latent".
@@ -600,6 +634,7 @@ class LTX2Adapter(FamilyAdapter):
             "seed": req.seed,
             "shift": self.cfg.sampler.shift,
             "sigmas": pipe.scheduler.sigmas[:-1].tolist(),
+            "strength": req.strength if v2v else None,
             "shape": list(latents.shape),
             "audio_shape": list(audio.shape),
             "audio_held": held,
@@ -651,7 +686,9 @@ class LTX2Adapter(FamilyAdapter):
         device = torch.device(self.device)
         p, pt = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
         shape = (1, pipe.transformer.config.in_channels, dims.frames, dims.height, dims.width)
-        latents = pipe._pack_latents(torch.zeros(shape, device=device), p, pt)
+        # Video-to-video starts from the source (re-noised below to noise_scale), else from nothing.
+        base = t["source_latents"].float() if "source_latents" in t else torch.zeros(shape, device=device)
+        latents = pipe._pack_latents(base, p, pt)
         mask = pipe._pack_latents(torch.zeros((1, 1, *shape[2:]), device=device), p, pt)
         packed = [pipe._pack_latents(t[f"image_latents.{i}"].float(), p, pt) for i in range(len(conditions))]
         first = [i for i, c in enumerate(conditions) if c["pixel_frame"] == 0]
@@ -693,16 +730,31 @@ class LTX2Adapter(FamilyAdapter):
         return _Video(noise * scaled + latents * (1 - scaled), mask, clean, coords, clip_tokens)
 
     def _prepare_audio(
-        self, held: torch.Tensor | None, dims: _Dims, generator, device: torch.device
+        self,
+        t: dict[str, torch.Tensor],
+        dims: _Dims,
+        generator,
+        device: torch.device,
+        v2v_sigma: float | None,
     ) -> torch.Tensor:
-        """Packed audio latents: the input track (normalised, kept clean) or noise, as __call__ draws it."""
+        """Packed audio latents: the input track (normalised, kept clean), or noise as __call__ draws
+        it; for video-to-video, the source's track (or silence) re-noised to ``v2v_sigma``."""
         pipe = self.pipe
-        if held is not None:
-            avae = pipe.audio_vae
-            packed = pipe._pack_audio_latents(held.float())
+        avae = pipe.audio_vae
+
+        def normalised(raw: torch.Tensor) -> torch.Tensor:
+            packed = pipe._pack_audio_latents(raw.float())
             return pipe._normalize_audio_latents(packed, avae.latents_mean, avae.latents_std)
+
+        if "audio_latents" in t:
+            return normalised(t["audio_latents"])
         shape = (1, dims.audio_frames, pipe.audio_latent_channels * self._latent_mel_bins)
-        return _randn(shape, generator, device)
+        noise = _randn(shape, generator, device)
+        if v2v_sigma is None:
+            return noise
+        source = t.get("source_audio_latents")
+        clean = normalised(source) if source is not None else torch.zeros_like(noise)
+        return noise * v2v_sigma + clean * (1.0 - v2v_sigma)
 
     def _sample(
         self,

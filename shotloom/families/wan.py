@@ -25,10 +25,10 @@ from PIL import Image
 from shotloom.bundle import TensorBundle
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import InferenceConfig, Tiling
-from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress
+from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress, fit_image, source_frames
 from shotloom.families.weights import build_checkpoint, ensure_checkpoint, place_pipeline
 from shotloom.request import GenerationRequest
-from shotloom.sampler import make_dmd_scheduler, seed_everything
+from shotloom.sampler import make_dmd_scheduler, pinned, seed_everything, strength_schedule
 
 VACE, I2V, T2V = "WanVACEPipeline", "WanImageToVideoPipeline", "WanPipeline"
 SUPPORTED_PIPELINES = (VACE, I2V, T2V)
@@ -140,14 +140,8 @@ class _DitConfigView:
 
 
 def _load_rgb(path: Path, width: int, height: int) -> Image.Image:
-    """Scale to cover width x height, then centre-crop: exact size, aspect kept."""
     with Image.open(path) as im:
-        im = im.convert("RGB")
-    scale = max(width / im.width, height / im.height)
-    w, h = max(width, round(im.width * scale)), max(height, round(im.height * scale))
-    im = im.resize((w, h), Image.Resampling.BICUBIC)
-    left, top = (w - width) // 2, (h - height) // 2
-    return im.crop((left, top, left + width, top + height))
+        return fit_image(im, width, height)
 
 
 def _latent_stats(vae, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -264,6 +258,7 @@ class WanAdapter(FamilyAdapter):
             size_multiple=self.pipe.vae_scale_factor_spatial * dit.patch_size[1],
             fps=FPS,
             guidance_range=GUIDANCE_RANGE,
+            video_to_video=True,
         )
 
     def check(self, req: GenerationRequest) -> None:
@@ -303,6 +298,8 @@ class WanAdapter(FamilyAdapter):
             tensors.update(vace)
         elif self.kind == I2V:
             tensors.update(self._encode_i2v(req, device))
+        if req.source_video is not None:
+            tensors["source_latents"] = self._encode_source(req, device)
         meta = {
             "family": self.family,
             "pipeline": self.kind,
@@ -370,6 +367,15 @@ class WanAdapter(FamilyAdapter):
             tensors["image_embeds"] = pipe.encode_image(first if last is None else [first, last], device)
         return tensors
 
+    def _encode_source(self, req: GenerationRequest, device) -> torch.Tensor:
+        """The source video's latents, normalised as the DiT sees them (VAE mode: no sampling)."""
+        vae = self.pipe.vae
+        frames = source_frames(req.source_video, req.num_frames, req.width, req.height)
+        video = torch.from_numpy(frames).permute(3, 0, 1, 2).unsqueeze(0) * 2.0 - 1.0  # (1, 3, F, H, W)
+        z = vae.encode(video.to(device, vae.dtype)).latent_dist.mode()
+        mean, std = _latent_stats(vae, z.device, z.dtype)
+        return ((z - mean) / std).float()
+
     def _latent_shape(self, req: GenerationRequest, channels: int) -> tuple[int, int, int, int, int]:
         pipe = self.pipe
         frames = (req.num_frames - 1) // pipe.vae_scale_factor_temporal + 1
@@ -386,7 +392,9 @@ class WanAdapter(FamilyAdapter):
         pipe = self.pipe
         device = pipe._execution_device
         t = {k: v.to(device) for k, v in cond.tensors.items()}
-        steps = len(self.cfg.sampler.sigmas)
+        source = t.get("source_latents")
+        sigmas = strength_schedule(self.cfg.sampler.sigmas, req.strength if source is not None else None)
+        steps = len(sigmas)
 
         def on_step_end(_pipe, i: int, _t, _kwargs: dict) -> dict:
             if progress is not None:
@@ -407,7 +415,9 @@ class WanAdapter(FamilyAdapter):
             callback_on_step_end=on_step_end,
             max_sequence_length=MAX_SEQUENCE_LENGTH,
         )
-        with self._inject(t, cond.meta, req, kwargs):
+        with pinned(pipe.scheduler, sigmas), self._inject(t, cond.meta, req, kwargs):
+            if source is not None:
+                kwargs["latents"] = self._renoised(source, cond.meta, generator)
             latents = pipe(**kwargs).frames
         # VACE prepends one latent frame per reference image; the pipeline drops them only when it decodes.
         latents = latents[:, :, int(cond.meta.get("num_reference_images", 0)) :]
@@ -417,13 +427,28 @@ class WanAdapter(FamilyAdapter):
             "pipeline": self.kind,
             "shape": list(latents.shape),
             "seed": req.seed,
-            "sigmas": list(self.cfg.sampler.sigmas),
+            "sigmas": sigmas,
+            "strength": req.strength if source is not None else None,
             "shift": self.cfg.sampler.shift,
             "width": req.width,
             "height": req.height,
             "num_frames": req.num_frames,
         }
         return TensorBundle({"video": latents.float().to("cpu").contiguous()}, meta)
+
+    def _renoised(self, source: torch.Tensor, meta: dict, generator) -> torch.Tensor:
+        """The starting latents of a video-to-video run: the source re-noised to the pinned
+        schedule's first sigma (as the scheduler shifts it), noise drawn from the seed's generator.
+        VACE's reference frames, prepended, start from noise at that sigma."""
+        sched = self.pipe.scheduler
+        sched.set_timesteps(device=source.device)
+        sigma = float(sched.sigmas[0])
+        refs = int(meta.get("num_reference_images", 0))
+        shape = (source.shape[0], source.shape[1], source.shape[2] + refs, *source.shape[3:])
+        noise = randn_tensor(shape, generator=generator, device=source.device, dtype=torch.float32)
+        start = noise * sigma
+        start[:, :, refs:] += (1.0 - sigma) * source
+        return start
 
     def _check_cond(self, cond: TensorBundle, req: GenerationRequest) -> None:
         meta = cond.meta
@@ -476,8 +501,13 @@ class WanAdapter(FamilyAdapter):
             latents=None,
             last_image=None,
         ):
-            # The same noise draw as the pipeline's own prepare_latents, minus its VAE encode.
-            noise = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
+            # The same noise draw as the pipeline's own prepare_latents, minus its VAE encode
+            # (video-to-video passes its re-noised source instead).
+            noise = (
+                randn_tensor(shape, generator=generator, device=device, dtype=dtype)
+                if latents is None
+                else latents
+            )
             return (noise, condition) if mask is None else (noise, condition, mask)
 
         # __call__ requires ``image``; only the two patched methods would read it.
