@@ -40,8 +40,29 @@ def full_document(app: FastAPI) -> dict[str, Any]:
     components["VideoCreateRequest"] = schema
     for name in ("VideoCreateRequest", "ReferenceObject"):
         _url_patterns(components[name])
-    components["VideoCreateForm"] = _form_schema(schema)
+    components["VideoCreateForm"] = form = _form_schema(schema)
+    components["VideoEditRequest"], components["VideoEditForm"] = _edit_schemas(schema, form)
     return doc
+
+
+def _edit_schemas(request: dict[str, Any], form: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """POST /v1/videos/edits: a create body plus ``video`` (``{"id"}``, or a file part)."""
+    by_id = {
+        "type": "object",
+        "properties": {"id": {"type": "string", "pattern": "^video_[0-9a-f]{32}$"}},
+        "required": ["id"],
+        "additionalProperties": False,
+    }
+    edit_request = copy.deepcopy(request)
+    edit_request["title"] = "VideoEditRequest"
+    edit_request["properties"]["video"] = {**by_id, "description": "A completed video of this server."}
+    edit_request["required"] = [*edit_request.get("required", []), "video"]
+    edit_form = copy.deepcopy(form)
+    edit_form["title"] = "VideoEditForm"
+    edit_form["properties"]["video"] = {"type": "string", "format": "binary", "description": "An MP4."}
+    edit_form["patternProperties"][r"^video\[id\]$"] = {"type": "string"}
+    edit_form["description"] += ' The source is a file part "video", or a field "video[id]".'
+    return edit_request, edit_form
 
 
 def _form_schema(json_schema: dict[str, Any]) -> dict[str, Any]:
@@ -87,23 +108,24 @@ def constrain(doc: dict[str, Any], model: ServedModel) -> dict[str, Any]:
     """Write the loaded model's grids and the server's limits into the /v1 request schema."""
     doc = copy.deepcopy(doc)
     schemas = doc["components"]["schemas"]
-    req, params = schemas["VideoCreateRequest"]["properties"], schemas["VideoParams"]["properties"]
-    form = schemas["VideoCreateForm"]["properties"]
+    params = schemas["VideoParams"]["properties"]
+    bodies = [schemas[n]["properties"] for n in ("VideoCreateRequest", "VideoEditRequest")]
+    bodies += [schemas[n]["properties"] for n in ("VideoCreateForm", "VideoEditForm")]
     caps, max_width, max_height = model.caps, model.max_width, model.max_height
     widths = list(range(caps.size_multiple, max_width + 1, caps.size_multiple))
     heights = list(range(caps.size_multiple, max_height + 1, caps.size_multiple))
     size = f"^({'|'.join(map(str, widths))})x({'|'.join(map(str, heights))})$"
-    for props in (req, form):
+    for props in bodies:
         _set(props["size"], {"pattern": size})
     most = min(caps.max_frames, snap_frames(model.max_seconds, min(caps.fps), caps.frame_multiple))
     frames = list(range(1, most + 1, caps.frame_multiple))
-    for props in (req, params, form):
+    for props in (*bodies, params):
         _set(props["width"], {"multipleOf": caps.size_multiple, "maximum": max_width})
         _set(props["height"], {"multipleOf": caps.size_multiple, "maximum": max_height})
         _set(props["fps"], {"enum": list(caps.fps)})
         _set(props["num_frames"], {"enum": frames})
     lo, hi = caps.guidance_range
-    for props in (req, form):
+    for props in bodies:
         _set(props["guidance_scale"], {"minimum": lo, "maximum": hi})
         _set(props["num_inference_steps"], {"enum": [model.steps]})
         for branch in props["seconds"]["anyOf"]:

@@ -54,6 +54,12 @@ class ShotConfig(Config):
     first_frame: str | None = None
     last_frame: str | None = None
     memory: list[MemorySlotConfig] = Field(default_factory=list)
+    source_video: str | None = Field(
+        default=None, description="Video-to-video: the MP4 the generation starts from."
+    )
+    strength: float | None = Field(
+        default=None, description="How far from source_video to go, in (0, 1]; default: the YAML's."
+    )
 
 
 def _request(bundle) -> GenerationRequest:
@@ -140,6 +146,8 @@ def condition_op(
         first_frame=path(config.first_frame),
         last_frame=path(config.last_frame),
         memory=[MemorySlot(path(m.image), path(m.audio)) for m in config.memory],
+        source_video=path(config.source_video),
+        strength=config.strength,
     )
     try:
         rt.check(req)

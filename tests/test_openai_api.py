@@ -227,7 +227,8 @@ def test_json_body_means_what_the_form_means(stack):
         ),
         ({"prompt": "x", "first_frame": "ftp://example.com/a.png"}, 400, "first_frame"),
         ({"prompt": "x", "first_frame": data_url(1), "input_reference": data_url(2)}, 400, "input_reference"),
-        ({"prompt": "x", "video_url": "http://example.com/a.mp4"}, 400, "video_url"),
+        ({"prompt": "x", "video_url": "data:video/mp4;base64,AAAA"}, 400, "video_url"),  # no video in it
+        ({"prompt": "x", "strength": 0.5}, 400, "strength"),  # no source video to apply it to
         ({"prompt": "x", "lora": {"name": "style"}}, 400, "lora"),
         ({"prompt": "x", "extra_params": {"vsa_mode": "exempt"}}, 400, "extra_params.vsa_mode"),
         ({"prompt": "x", "guides": "[]"}, 400, "guides"),
@@ -392,6 +393,80 @@ def test_a_failed_job_answers_500_with_its_error(client, stack):
     assert error["code"] == "generation_failed" and error["status"] == 500 and error["message"]
     with pytest.raises(openai.InternalServerError):
         client.videos.retrieve(video.id)
+
+
+# -- video from video: remix and edit -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def source_video(client) -> openai.types.Video:
+    video = client.videos.create_and_poll(
+        prompt="a red kite over the sea",
+        seconds="1",
+        size="64x64",
+        extra_body={"seed": 11},
+        poll_interval_ms=300,
+    )
+    assert video.status == "completed", video.error
+    return video
+
+
+def test_remix_keeps_size_length_and_seed_and_starts_from_the_source(client, stack, source_video, tmp_path):
+    remix = client.videos.remix(
+        source_video.id, prompt="the same kite at night", extra_body={"strength": 0.5}
+    )
+    assert remix.remixed_from_video_id == source_video.id and remix.status == "queued"
+    done = client.videos.poll(remix.id, poll_interval_ms=300)
+    assert done.status == "completed", done.error
+    ext = done.model_extra["shotloom"]
+    assert (done.size, done.seconds, ext["seed"], ext["strength"]) == ("64x64", "1.0625", 11, 0.5)
+    assert ext["work_id"] == "sdk-work"  # the source's work: lineage stays in one work
+    info = decode(client.videos.download_content(done.id).read(), tmp_path)
+    assert (info.frames, info.width, info.height) == (17, 64, 64) and info.has_audio
+    # The run started from the source's MP4 (stored content-addressed, linked to its version).
+    inputs = stack.get(f"/version/{ext['version_id']}").json()["request"]["inputs"]
+    assert inputs["video_id"]["version_id"] == source_video.model_extra["shotloom"]["version_id"]
+    # Given fields win over the source's.
+    longer = client.videos.remix(source_video.id, prompt="longer", extra_body={"num_frames": 9, "seed": 3})
+    assert (longer.model_extra["shotloom"]["frames"], longer.model_extra["shotloom"]["seed"]) == (9, 3)
+
+
+def test_remix_of_an_unknown_or_unfinished_video_is_refused(client, stack):
+    with pytest.raises(openai.NotFoundError) as info:
+        client.videos.remix("video_" + "0" * 32, prompt="x")
+    assert info.value.body["param"] == "video_id"
+    pending = client.videos.create(prompt="not yet", size="64x64", seconds="2")
+    with pytest.raises(openai.ConflictError) as info:
+        client.videos.remix(pending.id, prompt="x")
+    assert (info.value.body["code"], info.value.body["param"]) == ("not_ready", "video_id")
+    client.videos.delete(pending.id)
+
+
+def test_edit_an_uploaded_mp4_and_a_video_by_id(client, source_video, tmp_path):
+    mp4 = client.videos.download_content(source_video.id).read()
+    uploaded = client.videos.edit(prompt="make it snow", video=("clip.mp4", mp4, "video/mp4"))
+    # The SDK only takes a file for `video` (a dict raises inside it): an id goes through extra_body,
+    # which it sends as the multipart field video[id].
+    by_id = client.videos.edit(
+        prompt="make it rain", video=openai.omit, extra_body={"video": {"id": source_video.id}}
+    )
+    assert by_id.model_extra["shotloom"]["seed"] == 11  # the source's seed, as a remix
+    for video in (uploaded, by_id):
+        done = client.videos.poll(video.id, poll_interval_ms=300)
+        assert done.status == "completed", done.error
+        assert (done.size, done.model_extra["shotloom"]["frames"]) == (
+            "64x64",
+            17,
+        )  # the upload's size and length
+        info = decode(client.videos.download_content(done.id).read(), tmp_path, f"{done.id}.mp4")
+        assert (info.frames, info.width) == (17, 64) and info.has_audio
+
+
+def test_edit_refusals_name_the_field(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.videos.edit(prompt="x", video=("clip.mp4", b"this is no video", "video/mp4"))
+    assert info.value.body["param"] == "video"
+    with pytest.raises(openai.NotFoundError) as info:
+        client.videos.edit(prompt="x", video=openai.omit, extra_body={"video": {"id": "video_" + "1" * 32}})
+    assert info.value.body["param"] == "video.id"
 
 
 def test_idempotency_key_replays_the_same_video(stack):

@@ -144,7 +144,7 @@ def test_seconds_snap_up_to_the_frame_grid(seconds, fps, frames):
         ({"guidance_scale": 0.5}, "guidance_scale"),
         ({"negative_prompt": "blur"}, "negative_prompt"),
         ({"lora": {"name": "x"}}, "lora"),
-        ({"video_path": "/x.mp4"}, "video_path"),
+        ({"video_path": "/x.mp4", "video_url": "http://x/a.mp4"}, "video_path"),
         ({"characters": ["char_1"]}, "characters"),
         ({"image_reference": [{"file_id": "f"}]}, "image_reference[0].file_id"),
         ({"image_reference": [{"video_url": "http://x/a.mp4"}]}, "image_reference[0].video_url"),

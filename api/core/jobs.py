@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from api.core.errors import Conflict, InvalidField, NotFound, QueueFull, Unavailable
-from api.core.specs import InputRef, MergeSpec, ShotSpec
+from api.core.specs import InputRef, MergeSpec, ShotSpec, SourceRef
 from api.inputs import InputAsset, InputError, Role, copy_into_assets, resolve_resource
 from api.store import FINISHED, IdempotencyConflict, JobKind, JobRecord, NewJob, Store, payload_hash
 from shotloom.api_config import ApiConfig
@@ -175,6 +175,12 @@ class JobService:
             memory.append({"image": str(image.path), "audio": str(audio.path) if audio else None})
             inputs[slot.field] = {"image": describe(image), "audio": describe(audio) if audio else None}
         config["memory"] = memory
+        if spec.source is not None:
+            asset, described = self._source_video(spec.source)
+            config["source_video"] = str(asset.path)
+            inputs[spec.source.field] = described
+        if spec.strength is not None:
+            config["strength"] = spec.strength
 
         new = NewJob(
             kind="r2v",
@@ -215,6 +221,8 @@ class JobService:
             first_frame=here if spec.first_frame else None,
             last_frame=here if spec.last_frame else None,
             memory=tuple(MemorySlot(here, here if s.audio else None) for s in spec.memory),
+            source_video=here if spec.source else None,
+            strength=spec.strength,
         )
         try:
             caps.check(gen)
@@ -230,10 +238,29 @@ class JobService:
             return f"{slot.field}.audio_url" if engine_field.endswith(".audio") else slot.field
         if head == "memory":
             return spec.memory_field
+        if head == "source_video" and spec.source is not None:
+            return spec.source.field
         ref = getattr(spec, head, None) if head in ("first_frame", "last_frame") else None
         if isinstance(ref, InputRef):
             return ref.field
         return spec.field_names.get(head, head)
+
+    def _source_video(self, source: SourceRef) -> tuple[InputAsset, dict[str, Any]]:
+        """The source of a video-to-video shot, stored content-addressed like any input (a
+        version's MP4 is copied: the job never depends on that version's files staying)."""
+        if source.video is not None:
+            asset = self.resolve(source.video, "video")
+            return asset, describe(asset)
+        job = self.store.get(source.version_id or "")
+        if job is None or job.kind != "r2v":
+            raise NotFound(f"unknown version {source.version_id!r}", source.field)
+        if job.status != "succeeded":
+            raise Conflict(f"version {job.version_id} has not succeeded (status {job.status})", source.field)
+        video = self.video_path(job.version_id)
+        if video is None:
+            raise Conflict(f"the video of version {job.version_id} is no longer available", source.field)
+        asset = self.resolve(InputRef(source.field, upload=video), "video")
+        return asset, {**describe(asset), "version_id": job.version_id, "shot_id": job.shot_id}
 
     def _shot_memory(
         self, work_id: str, shot_id: str, field: str, with_audio: bool = True

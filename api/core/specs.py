@@ -35,6 +35,15 @@ class MemoryRef:
 
 
 @dataclass(frozen=True)
+class SourceRef:
+    """A source video for video-to-video: a finished version of this service, or a resource."""
+
+    field: str
+    version_id: str | None = None
+    video: InputRef | None = None
+
+
+@dataclass(frozen=True)
 class ShotSpec:
     """One shot to generate. ``None`` means "the model's preset decides" (the engine resolves it)."""
 
@@ -55,6 +64,8 @@ class ShotSpec:
     last_frame: InputRef | None = None
     memory: tuple[MemoryRef, ...] = ()
     memory_field: str = "memory_slots"  # the client's name for the list (count errors)
+    source: SourceRef | None = None  # video-to-video
+    strength: float | None = None
     job_id: str | None = None
     callback_url: str | None = None
     callback_context: dict[str, Any] | None = None

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.core.errors import InvalidField, NotFound
-from api.core.specs import InputRef, MemoryRef, ShotSpec
+from api.core.specs import InputRef, MemoryRef, ShotSpec, SourceRef
 from shotloom.capabilities import Capabilities
 
 SIZE_PATTERN = r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$"
@@ -108,8 +108,16 @@ class VideoCreateRequest(_Strict):
         default=None, description="Reference images (memory slots), each optionally with its audio_url."
     )
     characters: list[str] | None = Field(default=None, description="Not served yet.")
-    video_url: str | None = Field(default=None, description="Legacy: a source video (video-to-video).")
-    video_path: str | None = Field(default=None, description="Legacy: a source video (video-to-video).")
+    video_url: str | None = Field(
+        default=None, description="A source video (video-to-video), as a URL string.", min_length=1
+    )
+    video_path: str | None = Field(default=None, description="Legacy spelling of video_url.", min_length=1)
+    strength: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Video-to-video: how far from the source to go (1: ignore it); default: the model's.",
+    )
     guides: Any = Field(default=None, description="Frame-anchored guides (multipart).")
     lora: LoraSelector | None = None
     extra_params: ExtraParams | None = Field(default=None, description="An allow-list of extensions.")
@@ -153,6 +161,7 @@ class VideoCreateRequest(_Strict):
         job_id: str | None = None,
         submitter: str | None = None,
         upload_digests: dict[str, str] | None = None,
+        source: SourceRef | None = None,
     ) -> ShotSpec:
         """The dialect-neutral shot: fields the client set, then the operator's ``default_request``,
         then the model's preset; every value checked against what the model can honour."""
@@ -208,6 +217,7 @@ class VideoCreateRequest(_Strict):
                 "has no effect without classifier-free guidance: set guidance_scale above 1",
                 "negative_prompt",
             )
+        source = self._source(source)
         extra = self.extra_params or ExtraParams()
         shot_id = extra.shot_id or video_id(version_id)
         client = {"model": model.id, **self.explicit()}
@@ -231,6 +241,8 @@ class VideoCreateRequest(_Strict):
             last_frame=self._keyframe(("last_frame",), uploads),
             memory=self._memory(),
             memory_field="image_reference",
+            source=source,
+            strength=self.strength,
             job_id=job_id,
             submitter=submitter,
             version_id=version_id,
@@ -247,9 +259,6 @@ class VideoCreateRequest(_Strict):
             raise InvalidField(
                 f"no LoRA adapter is served here, so {self.lora.name!r} cannot be selected", "lora"
             )
-        for name in ("video_url", "video_path"):
-            if getattr(self, name) is not None:
-                raise InvalidField("video-to-video is not served by this server", name)
         if self.characters:
             raise InvalidField("characters are not served by this server", "characters")
         if self.guides is not None or any(
@@ -258,6 +267,17 @@ class VideoCreateRequest(_Strict):
             if k not in ("first_frame", "last_frame", "input_reference")
         ):
             raise InvalidField("the loaded model cannot condition on frames at chosen positions", "guides")
+
+    def _source(self, given: SourceRef | None) -> SourceRef | None:
+        """The source video: the route's (remix, edit, extension), or ``video_url``/``video_path``."""
+        named = [n for n in ("video_url", "video_path") if getattr(self, n) is not None]
+        if given is not None and named:
+            raise InvalidField("this request already has its source video", named[0])
+        if len(named) > 1:
+            raise InvalidField("give one of video_url, video_path, not both", named[1])
+        if named:
+            return SourceRef(named[0], video=InputRef(named[0], getattr(self, named[0])))
+        return given
 
     def _keyframe(self, names: tuple[str, ...], uploads: dict[str, Path]) -> InputRef | None:
         given = [n for n in names if getattr(self, n, None) is not None or n in uploads]
@@ -380,7 +400,9 @@ def _image_ref(ref: ReferenceObject, field: str) -> InputRef:
             "file_id references are not served (no Files store): send image_url", f"{field}.file_id"
         )
     if ref.video_url is not None:
-        raise InvalidField("video references are not served by this server", f"{field}.video_url")
+        raise InvalidField(
+            "reference objects are images; a source video goes in video_url", f"{field}.video_url"
+        )
     if ref.image_url is None:
         raise InvalidField("needs an image_url", field)
     return InputRef(f"{field}.image_url", ref.image_url)
@@ -406,6 +428,7 @@ class VideoExtension(BaseModel):
     fps: int | None = None
     seed: int | None = None
     steps: int | None = None
+    strength: float | None = Field(default=None, description="Video-to-video: how far from the source.")
     step: int | None = Field(default=None, description="Denoise steps done.")
     phase: str | None = Field(default=None, description="The work now running (a stage name).")
     eta_s: float | None = Field(default=None, description="Seconds the job still expects to take.")

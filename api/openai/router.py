@@ -32,7 +32,7 @@ from api.openai.protocol import (
 )
 from api.openai.serving import VideoServing, not_found, openai_errors
 from api.openai.uploads import guarded_body
-from api.store import UnknownVersion
+from api.store import JobRecord, UnknownVersion
 from shotloom.media import file_sha256
 
 SYNC_POLL_S = 0.2
@@ -53,6 +53,21 @@ _CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
     429: {"model": ErrorBody, "description": "queue_full, with Retry-After."},
     501: {"model": ErrorBody, "description": "The H.264/AAC encoder is missing."},
     503: {"model": ErrorBody, "description": "Not ready (starting, or no worker has loaded the model)."},
+}
+_SOURCE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_CREATE_ERRORS,
+    404: {"model": ErrorBody, "description": "Unknown source video (or model)."},
+    409: {"model": ErrorBody, "description": "not_ready: the source video has not completed; or an "
+          "Idempotency-Key reused for another request."},
+}  # fmt: skip
+_EDIT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/VideoEditRequest"}},
+            "multipart/form-data": {"schema": {"$ref": "#/components/schemas/VideoEditForm"}},
+        },
+    }
 }
 _CREATE_BODY = {
     "requestBody": {
@@ -135,18 +150,22 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
         position = ctx.store.queue_position(job.version_id) if job.status == "queued" else None
         return serving.video(job, position)
 
-    async def accept(request: Request, idempotency_key: str | None, who: str) -> Any:
+    async def accept(request: Request, handle: Callable[[dict, dict, dict], tuple[JobRecord, bool]]) -> Any:
+        """Read a create-like body (JSON or multipart, files spooled under the store's limits) and
+        hand it to ``handle(raw, uploads, upload_digests)`` in a thread; the spool goes after."""
         assets = ctx.jobs.assets_dir
         assets.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=assets, prefix="upload-") as tmp, openai_errors():
             async with guarded_body(request, ctx.api.openai, ctx.retention) as body:
                 raw, uploads = await read_request(body, Path(tmp))
-            req = serving.parse(raw)
             digests = {name: await run_in_threadpool(file_sha256, path) for name, path in uploads.items()}
-            job, _created = await run_in_threadpool(
-                serving.create, req, uploads, digests, idempotency_key, who
-            )
+            job, _created = await run_in_threadpool(handle, raw, uploads, digests)
         return job
+
+    def creating(idempotency_key: str | None, who: str):
+        return lambda raw, uploads, digests: serving.create(
+            serving.parse(raw), uploads, digests, idempotency_key, who
+        )
 
     @router.get("/models", response_model=ModelList)
     def list_models() -> ModelList:
@@ -163,7 +182,7 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
         who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
     ) -> Response:
         """Queue a video job (JSON or multipart, as the `openai` SDK sends it); poll it by id."""
-        job = await accept(request, idempotency_key, who)
+        job = await accept(request, creating(idempotency_key, who))
         return video_response(view(job))
 
     @router.post(
@@ -175,7 +194,7 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
         who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
     ) -> Response:
         """Alias of `POST /v1/videos` for older FastVideo clients."""
-        job = await accept(request, idempotency_key, who)
+        job = await accept(request, creating(idempotency_key, who))
         return video_response(view(job))
 
     @router.post(
@@ -193,7 +212,7 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
         who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
     ) -> Response:
         """Generate and answer with the MP4 itself; the server keeps no copy."""
-        job = await accept(request, idempotency_key, who)
+        job = await accept(request, creating(idempotency_key, who))
         vid = f"video_{job.version_id}"
         deadline = time.monotonic() + ctx.api.openai.sync_timeout_seconds
         while job.status in ("queued", "running"):
@@ -231,6 +250,31 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
             headers=headers,
             background=BackgroundTask(serving.remove, job),  # the file goes once it is sent
         )
+
+    @router.post("/videos/edits", response_model=Video, responses=_SOURCE_ERRORS, openapi_extra=_EDIT_BODY)
+    async def edit_video(
+        request: Request,
+        idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+        who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
+    ) -> Response:
+        """A video changed by a prompt: `video` is an MP4 file part or `{"id"}` of a completed video."""
+        job = await accept(request, lambda raw, up, dg: serving.edit(raw, up, dg, idempotency_key, who))
+        return video_response(view(job))
+
+    @router.post(
+        "/videos/{video_id}/remix", response_model=Video, responses=_SOURCE_ERRORS, openapi_extra=_CREATE_BODY
+    )
+    async def remix_video(
+        video_id: str,
+        request: Request,
+        idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+        who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
+    ) -> Response:
+        """A completed video again with a new prompt (its size, length and seed unless given)."""
+        job = await accept(
+            request, lambda raw, up, dg: serving.remix(video_id, raw, up, dg, idempotency_key, who)
+        )
+        return video_response(view(job))
 
     @router.get("/videos", response_model=VideoList, responses=_ERRORS)
     def list_videos(

@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from api.context import ApiContext
 from api.core.errors import EncoderMissing, NotFound, ServiceError, Unavailable
+from api.core.specs import InputRef, SourceRef
 from api.core.views import JobViews
 from api.health import missing_encoders
 from api.openai.errors import OpenAIError, validation_error
@@ -83,6 +84,41 @@ def openai_errors() -> Iterator[None]:
         raise OpenAIError.from_service(exc) from None
     except ValidationError as exc:
         raise validation_error(exc) from None
+
+
+def like_source(raw: dict[str, Any], source: JobRecord) -> dict[str, Any]:
+    """``raw`` with the source job's size, length, rate, seed and work where it gives none."""
+    config = source.request.get("run_config", {}).get("ops", {}).get("condition_op", {}).get("config", {})
+    return with_defaults(
+        raw,
+        size=f"{config['width']}x{config['height']}" if config.get("width") else None,
+        num_frames=config.get("num_frames"),
+        fps=config.get("fps"),
+        seed=config.get("seed"),
+        extra_params={"work_id": source.work_id},
+    )
+
+
+def with_defaults(raw: dict[str, Any], **given: Any) -> dict[str, Any]:
+    """Fill a request's size / length / rate / seed / extra_params groups it left unset, as if the
+    client had set them (so they win over operator defaults): a group the client touched in any
+    spelling (``size``, ``width``, ``video_params.width``...) is left alone."""
+    nested = raw.get("video_params") if isinstance(raw.get("video_params"), dict) else {}
+    groups = {
+        "size": ("size", "width", "height"),
+        "num_frames": ("seconds", "num_frames"),
+        "seconds": ("seconds", "num_frames"),
+        "fps": ("fps",),
+        "seed": ("seed",),
+        "extra_params": ("extra_params",),
+    }
+    out = dict(raw)
+    for key, value in given.items():
+        names = groups[key]
+        if value is None or any(n in raw for n in names) or any(n in nested for n in names):
+            continue
+        out[key] = value
+    return out
 
 
 def parse_request(raw: dict[str, Any], unknown_fields: str = "reject") -> VideoCreateRequest:
@@ -212,7 +248,11 @@ class VideoServing:
         upload_digests: dict[str, str],
         idempotency_key: str | None,
         submitter: str | None = None,
+        source: SourceRef | None = None,
+        recorded: dict[str, Any] | None = None,
     ) -> tuple[JobRecord, bool]:
+        """Queue a video; ``source``: the video it starts from (remix, edit), ``recorded``: more
+        of the request to keep and show back (and to tell idempotent replays apart)."""
         with openai_errors():
             if not self.ctx.follower.started:
                 raise Unavailable("the service is starting")
@@ -231,9 +271,117 @@ class VideoServing:
                 job_id=f"openai:{idempotency_key}" if idempotency_key else None,
                 submitter=submitter,
                 upload_digests=upload_digests,
+                source=source,
             )
+            if recorded:
+                spec = replace(
+                    spec,
+                    client={**spec.client, **recorded},
+                    idempotency_payload={**spec.idempotency_payload, **recorded},
+                )
             accepted = self.jobs.accept_shot(spec)
             return accepted.job, accepted.created
+
+    # -- video from video -------------------------------------------------------------------------
+    def remix(
+        self,
+        video: str,
+        raw: dict[str, Any],
+        uploads: dict[str, Path],
+        digests: dict[str, str],
+        idempotency_key: str | None,
+        submitter: str | None,
+    ) -> tuple[JobRecord, bool]:
+        """A completed video again with a new prompt: its size, length and seed unless given,
+        starting from its frames."""
+        source = self.completed(video, "video_id")
+        req = self.parse(like_source(raw, source))
+        return self.create(
+            req,
+            uploads,
+            digests,
+            idempotency_key,
+            submitter,
+            source=SourceRef("video_id", version_id=source.version_id),
+            recorded={"remixed_from_video_id": video},
+        )
+
+    def edit(
+        self,
+        raw: dict[str, Any],
+        uploads: dict[str, Path],
+        digests: dict[str, str],
+        idempotency_key: str | None,
+        submitter: str | None,
+    ) -> tuple[JobRecord, bool]:
+        """A video (an uploaded MP4, or ``{"id"}`` of a completed one) changed by a prompt."""
+        raw, uploads, digests = dict(raw), dict(uploads), dict(digests)
+        given, upload = raw.pop("video", None), uploads.pop("video", None)
+        if upload is not None and given is not None:
+            raise OpenAIError(
+                400, "video: give a file or an id, not both", param="video", code="invalid_value"
+            )
+        if upload is not None:
+            digest = digests.pop("video")
+            req = self.parse(self._like_upload(raw, upload))
+            return self.create(
+                req,
+                uploads,
+                digests,
+                idempotency_key,
+                submitter,
+                source=SourceRef("video", video=InputRef("video", upload=upload)),
+                recorded={"video": {"upload_sha256": digest}},
+            )
+        if not isinstance(given, dict) or set(given) != {"id"} or not isinstance(given["id"], str):
+            raise OpenAIError(
+                400,
+                'video: required, as an MP4 file part or {"id": "video_..."} of a completed video',
+                param="video",
+                code="invalid_value",
+            )
+        source = self.completed(given["id"], "video.id")
+        req = self.parse(like_source(raw, source))
+        return self.create(
+            req,
+            uploads,
+            digests,
+            idempotency_key,
+            submitter,
+            source=SourceRef("video.id", version_id=source.version_id),
+            recorded={"video": {"id": given["id"]}},
+        )
+
+    def completed(self, video: str, param: str) -> JobRecord:
+        """A source video: 404 when unknown, 409 ``not_ready`` until it has completed."""
+        version = version_of(video)
+        job = self.ctx.store.get(version) if version else None
+        if job is None or not self.visible(job):
+            raise OpenAIError(404, f"no video {video!r}", param=param, code="not_found")
+        if job.status != "succeeded":
+            raise OpenAIError(
+                409, f"video {video} is {STATUS[job.status]}, not completed", param=param, code="not_ready"
+            )
+        return job
+
+    def _like_upload(self, raw: dict[str, Any], upload: Path) -> dict[str, Any]:
+        """An uploaded source's size (on the model's grid, within the server's limits) and length
+        (at most max_seconds), unless the request gives them. Undecodable: 400 naming ``video``."""
+        from shotloom.media import probe  # PyAV, no torch
+
+        try:
+            info = probe(upload)
+        except Exception as exc:  # any demux/decode error: the upload is what is wrong
+            raise OpenAIError(
+                400, f"video: not a decodable video ({exc})", param="video", code="invalid_value"
+            ) from None
+        with openai_errors():
+            caps = self.served()
+        m = caps.caps.size_multiple
+        width = max(m, min(info.width, caps.max_width) // m * m)
+        height = max(m, min(info.height, caps.max_height) // m * m)
+        seconds = min(float(info.duration_s), caps.max_seconds)
+        return with_defaults(raw, size=f"{width}x{height}", seconds=seconds)
 
     def _operator_seed(self) -> int:
         if self._operator is not None and self._operator.seed is not None:
@@ -309,11 +457,13 @@ class VideoServing:
             size=f"{width}x{height}" if width and height else "",
             prompt=config.get("prompt"),
             error=error,
+            remixed_from_video_id=client.get("remixed_from_video_id"),
             shotloom=VideoExtension(
                 frames=frames,
                 fps=fps,
                 seed=config.get("seed"),
                 steps=steps,
+                strength=config.get("strength") if config.get("source_video") else None,
                 step=step,
                 phase=phase,
                 eta_s=eta,
