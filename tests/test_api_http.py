@@ -215,6 +215,16 @@ def test_memory_slot_by_shot_id_uses_the_newest_shot_of_the_work(api):
     assert slot["image"]["media_type"] == "image/png"
 
 
+def test_a_source_video_slot_runs_video_to_video_from_an_earlier_version(api):
+    s1 = api.find_version("s1")
+    resp = api.post("/r2v", shot("s1-redo", memory_slots=[{"version_id": s1, "strength": 0.5}]))
+    assert resp.status_code == 202, resp.text
+    done = api.wait_version(resp.json()["version_id"])
+    assert done["status"] == "succeeded", done["error"]
+    assert done["request"]["inputs"]["memory_slots[0].version_id"]["version_id"] == s1
+    assert done["result"]["frames"] == 17
+
+
 def test_merge_by_version_ids_produces_one_film(api, receiver):
     versions = [api.find_version("s1"), api.find_version("s4")]
     receiver.refuse, receiver.attempts, receiver.delivered = 0, [], []

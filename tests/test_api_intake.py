@@ -28,6 +28,7 @@ WAN_LIKE = {  # what a tiny Wan VACE worker publishes
     "fps": [16],
     "guidance_range": [1.0, 20.0],
     "max_frames": 1025,
+    "video_to_video": True,
 }
 
 
@@ -126,6 +127,31 @@ def test_memory_by_shot_id_needs_a_succeeded_shot_then_takes_its_frame(tmp_path,
     [slot] = job.request["run_config"]["ops"]["condition_op"]["config"]["memory"]
     assert slot["audio"] is None  # this model takes no audio: the shot's track is left out
     assert np.asarray(Image.open(slot["image"])).mean() > 150
+
+
+def test_a_source_video_slot_starts_the_shot_from_a_succeeded_version(tmp_path, store):
+    intake, _ = make_intake(tmp_path, store, caps=WAN_LIKE)
+    earlier = intake.accept_r2v(r2v(shot_id="s1"), None).job
+    ask = r2v(
+        shot_id="s2", memory_slots=[{"version_id": earlier.version_id, "strength": 0.4}, {"shot_id": "s1"}]
+    )
+    assert refused(lambda: intake.accept_r2v(ask, None), 409).field == "memory_slots[0].version_id"
+    rel = "r2v/w/s1/run/output.mp4"
+    (tmp_path / "media" / rel).parent.mkdir(parents=True)
+    write_mp4(tmp_path / "media" / rel, np.full((5, 32, 32, 3), 90, np.uint8), 16, None, None)
+    store.add_artifact(earlier.version_id, kind="video", role="shot", path=rel, url_path="/media/" + rel)
+    store.update_status(earlier.version_id, status="succeeded")
+
+    job = intake.accept_r2v(ask, None).job
+    config = job.request["run_config"]["ops"]["condition_op"]["config"]
+    assert config["strength"] == 0.4 and Path(config["source_video"]).is_file()
+    assert len(config["memory"]) == 1  # the source is not a reference image
+    assert job.request["inputs"]["memory_slots[0].version_id"]["version_id"] == earlier.version_id
+    two = r2v(memory_slots=[{"version_id": earlier.version_id}, {"video_url": "http://x/a.mp4"}])
+    assert refused(lambda: intake.accept_r2v(two, None), 422).field == "memory_slots[1].video_url"
+    stray = {"image_url": png_url(), "strength": 0.5}
+    with pytest.raises(ValueError, match="strength is only allowed"):
+        r2v(memory_slots=[stray])
 
 
 def test_merge_refers_to_succeeded_versions_only(tmp_path, store):

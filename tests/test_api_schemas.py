@@ -67,7 +67,7 @@ def test_spec_example_is_accepted_and_normalized():
 @pytest.mark.parametrize(
     ("slots", "field", "fragment"),
     [
-        ([{}], "memory_slots[0]", "exactly one of shot_id or image_url"),
+        ([{}], "memory_slots[0]", "exactly one of shot_id, image_url"),
         ([{"shot_id": "a", "image_url": "https://x/a.png"}], "memory_slots[0]", "exactly one"),
         (
             [{"shot_id": "a"}, {"shot_id": "b", "audio_url": "https://x/a.wav"}],

@@ -161,6 +161,12 @@ class JobService:
                 asset = self.resolve(ref, "image")
                 config[key] = str(asset.path)
                 inputs[ref.field] = describe(asset)
+        if spec.source is not None:
+            asset, described = self._source_video(spec.source)
+            config["source_video"] = str(asset.path)
+            inputs[spec.source.field] = described
+        if spec.strength is not None:
+            config["strength"] = spec.strength
         memory = []
         for slot in spec.memory:
             if slot.shot_id is not None:
@@ -175,12 +181,6 @@ class JobService:
             memory.append({"image": str(image.path), "audio": str(audio.path) if audio else None})
             inputs[slot.field] = {"image": describe(image), "audio": describe(audio) if audio else None}
         config["memory"] = memory
-        if spec.source is not None:
-            asset, described = self._source_video(spec.source)
-            config["source_video"] = str(asset.path)
-            inputs[spec.source.field] = described
-        if spec.strength is not None:
-            config["strength"] = spec.strength
 
         new = NewJob(
             kind="r2v",
@@ -253,7 +253,7 @@ class JobService:
             return asset, describe(asset)
         job = self.store.get(source.version_id or "")
         if job is None or job.kind != "r2v":
-            raise NotFound(f"unknown version {source.version_id!r}", source.field)
+            raise Conflict(f"unknown r2v version {source.version_id!r}", source.field)
         if job.status != "succeeded":
             raise Conflict(f"version {job.version_id} has not succeeded (status {job.status})", source.field)
         video = self.video_path(job.version_id)

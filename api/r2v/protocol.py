@@ -24,7 +24,7 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 
 from api.core.errors import InvalidField
-from api.core.specs import InputRef, MemoryRef, MergeSource, MergeSpec, ShotSpec
+from api.core.specs import InputRef, MemoryRef, MergeSource, MergeSpec, ShotSpec, SourceRef
 
 CALLBACK_HEADER = "X-Nanobot-Director-Callback-Url"
 MAX_MEMORY_SLOTS = 7
@@ -77,12 +77,23 @@ def _non_blank(value: str) -> str:
 
 class MemorySlot(_Strict):
     """One memory reference: exactly one of ``shot_id`` or ``image_url`` (the latter optionally with
-    ``audio_url`` or ``audio_mode: "empty"``)."""
+    ``audio_url`` or ``audio_mode: "empty"``); or a source video for video-to-video (``video_url``
+    or a local ``version_id``, optionally with ``strength``), at most one per shot."""
 
     shot_id: NonEmptyStr | None = Field(
         default=None, description="Newest successful local R2V shot with this id in the same work_id."
     )
     image_url: Resource | None = None
+    video_url: Resource | None = Field(default=None, description="A source video (video-to-video).")
+    version_id: NonEmptyStr | None = Field(
+        default=None, description="A succeeded local version whose MP4 is the source video (video-to-video)."
+    )
+    strength: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Beside video_url/version_id: how far from the source to go (1: ignore it).",
+    )
     audio_url: Resource | None = Field(default=None, description="Only beside image_url.")
     audio_mode: Literal["empty"] | None = Field(default=None, description="Only beside image_url.")
     image_mode: SkipJsonSchema[Any] = None  # present at all -> "image_mode is unsupported"
@@ -116,11 +127,26 @@ class MemorySlot(_Strict):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> MemorySlot:
-        if (self.shot_id is None) == (self.image_url is None):
-            raise ValueError("each memory slot needs exactly one of shot_id or image_url")
+        given = [
+            n for n in ("shot_id", "image_url", "video_url", "version_id") if getattr(self, n) is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "each memory slot needs exactly one of shot_id, image_url, or (a source video) "
+                "video_url or version_id"
+            )
+        if self.strength is not None and not self.is_source:
+            raise ValueError("strength is only allowed beside video_url or version_id")
         return self
 
+    @property
+    def is_source(self) -> bool:
+        return self.video_url is not None or self.version_id is not None
+
     def normalized(self) -> dict[str, Any]:
+        if self.is_source:
+            out = {"video_url": self.video_url} if self.video_url else {"version_id": self.version_id}
+            return out if self.strength is None else {**out, "strength": self.strength}
         if self.shot_id is not None:
             return {"shot_id": self.shot_id}
         out: dict[str, Any] = {"image_url": self.image_url}
@@ -182,10 +208,16 @@ class R2VRequest(_Strict):
 
     def to_spec(self, callback_header: str | None = None, submitter: str | None = None) -> ShotSpec:
         """The dialect-neutral shot (the header's callback URL wins over the body's)."""
-        memory = []
+        memory, source, strength = [], None, None
         for i, slot in enumerate(self.memory_slots):
             field = f"memory_slots[{i}]"
-            if slot.shot_id is not None:
+            if slot.is_source:
+                name = f"{field}.video_url" if slot.video_url else f"{field}.version_id"
+                if source is not None:
+                    raise InvalidField("one source video per shot", name)
+                video = InputRef(name, slot.video_url) if slot.video_url else None
+                source, strength = SourceRef(name, version_id=slot.version_id, video=video), slot.strength
+            elif slot.shot_id is not None:
                 memory.append(MemoryRef(field, shot_id=slot.shot_id))
             else:
                 audio = InputRef(f"{field}.audio_url", slot.audio_url) if slot.audio_url else None
@@ -205,6 +237,8 @@ class R2VRequest(_Strict):
             first_frame=InputRef("condition_img", self.condition_img) if self.condition_img else None,
             memory=tuple(memory),
             memory_field="memory_slots",
+            source=source,
+            strength=strength,
             job_id=self.job_id,
             callback_url=_callback(self, callback_header),
             callback_context=self.callback_context,
