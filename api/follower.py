@@ -28,6 +28,7 @@ from shotloom import stages
 from shotloom.api_config import ApiConfig
 
 log = logging.getLogger("shotloom.api")
+FILM_ASSET = ("film",)  # the asset key of films (merges, stitched extensions), as GraphQL reads it
 STILLS = ("thumbnail", "spritesheet")  # image artifacts recorded beside each video
 # Materialization metadata copied into a succeeded job's result (read by both dialects' views).
 RESULT_KEYS = (
@@ -273,7 +274,7 @@ class Follower:
             art = self.store.add_artifact(
                 job.version_id,
                 kind=VIDEO_KIND,
-                role="shot" if job.kind == "r2v" else "film",
+                role="film" if mat.asset_key == FILM_ASSET else "shot",
                 path=path,
                 url_path="/media/" + path,
                 bytes=_int(meta.get("bytes")),
@@ -302,7 +303,8 @@ class Follower:
                     )
         result: dict[str, Any] = {"run_id": run.run_id}
         if artifacts:
-            main = artifacts[0]
+            # An extension writes its shot, then the film it stitched: the film is the answer.
+            main = next((a for a in artifacts if a.role == "film"), artifacts[0])
             result["video_url"] = base + main.url_path
             result["artifact_id"] = main.artifact_id
             for key in RESULT_KEYS:

@@ -2,11 +2,11 @@
 
 from pathlib import Path
 
-from dagster import AssetMaterialization, Config, OpExecutionContext, Out, Output, op
+from dagster import AssetMaterialization, Config, In, OpExecutionContext, Out, Output, op
 from pydantic import Field
 
 from ops.assets import FILM_KEY, register_work_partition
-from ops.types import FilmArtifact
+from ops.types import FilmArtifact, ShotArtifact
 from resources.media_store import MediaStoreResource
 from shotloom import stages
 
@@ -23,20 +23,49 @@ class MergeConfig(Config):
     shot_ids: list[str] = Field(default_factory=list, description="Shot ids of the inputs, for metadata.")
 
 
+class StitchConfig(Config):
+    """The clips a generated shot is appended to (an extension of an earlier video)."""
+
+    work_id: str = Field(description="Work the stitched film belongs to.")
+    before: list[str] = Field(min_length=1, description="MP4s that come before the shot, in order.")
+    shot_ids: list[str] = Field(default_factory=list, description="Shot ids of those MP4s, for metadata.")
+    before_frames: int = Field(default=0, ge=0, description="Their frames in all (what readers expect).")
+
+
 @op(out=Out(FilmArtifact), tags={"stage": "merging"})
 def merge_op(context: OpExecutionContext, config: MergeConfig, media: MediaStoreResource):
     """Stream-copy video when encoder settings match (else re-encode); audio re-encoded once, in sync."""
+    yield from _film(context, media, config.work_id, config.inputs, list(config.shot_ids))
+
+
+@op(ins={"shot": In(ShotArtifact)}, out=Out(FilmArtifact), tags={"stage": "merging"})
+def stitch_op(
+    context: OpExecutionContext, config: StitchConfig, shot: ShotArtifact, media: MediaStoreResource
+):
+    """Append the shot just written to the clips before it: one film, by the merge path."""
+    yield from _film(
+        context, media, config.work_id, [*config.before, shot.path], [*config.shot_ids, shot.shot_id]
+    )
+
+
+def _film(
+    context: OpExecutionContext,
+    media: MediaStoreResource,
+    work_id: str,
+    paths: list[str],
+    shot_ids: list[str],
+):
     from shotloom.media import merge_mp4
 
     context.instance.add_run_tags(context.run_id, stages.stage_tags(stages.MERGING))
-    inputs = [Path(p) if Path(p).is_absolute() else media.resolve(p) for p in config.inputs]
-    output = media.film_path(config.work_id, context.run_id)
+    inputs = [Path(p) if Path(p).is_absolute() else media.resolve(p) for p in paths]
+    output = media.film_path(work_id, context.run_id)
     result = merge_mp4(inputs, output)
     info = result.info
     # The film's frames are not in memory: only the stills' frames are decoded, by seeking.
     stills = media.write_stills(output, output, FILM_SPRITESHEET_FRAMES)
     artifact = FilmArtifact(
-        work_id=config.work_id,
+        work_id=work_id,
         path=media.relative(output),
         bytes=info.bytes,
         sha256=info.sha256,
@@ -46,15 +75,15 @@ def merge_op(context: OpExecutionContext, config: MergeConfig, media: MediaStore
         height=info.height,
         duration_s=round(float(info.duration_s), 4),
         video_mode=result.video_mode,
-        shots=list(config.shot_ids),
+        shots=shot_ids,
     )
     yield AssetMaterialization(
         asset_key=FILM_KEY,
-        partition=register_work_partition(context.instance, config.work_id),
+        partition=register_work_partition(context.instance, work_id),
         metadata={
             **{k: v for k, v in artifact.__dict__.items() if k != "shots"},
             "size": f"{artifact.width}x{artifact.height}",
-            "shots": ", ".join(config.shot_ids) or ", ".join(config.inputs),
+            "shots": ", ".join(shot_ids) or ", ".join(paths),
             **stills,
         },
     )

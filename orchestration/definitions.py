@@ -8,11 +8,11 @@ from __future__ import annotations
 from dagster import Definitions
 
 from orchestration.assets import media_assets
-from orchestration.jobs import merge, r2v
+from orchestration.jobs import extend, merge, r2v
 from resources import MediaStoreResource, ModelRuntimeResource, TensorIOManager
 
 defs = Definitions(
-    jobs=[r2v, merge],
+    jobs=[r2v, extend, merge],
     assets=media_assets,
     resources={
         "runtime": ModelRuntimeResource(),

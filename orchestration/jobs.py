@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dagster import in_process_executor, job
 
-from ops.merge import merge_op
+from ops.merge import merge_op, stitch_op
 from ops.shot import condition_op, decode_op, denoise_op, write_op
 from orchestration.launcher import GPU_TAG
 from shotloom.stages import QUEUED, STAGE_TAG
@@ -18,6 +18,16 @@ from shotloom.stages import QUEUED, STAGE_TAG
 )
 def r2v():
     write_op(decode_op(denoise_op(condition_op())))
+
+
+@job(
+    executor_def=in_process_executor,
+    description="Continue a video: generate one shot (its first frame the video's last), then "
+    "append it to the video by the merge path.",
+    tags={GPU_TAG: "1", STAGE_TAG: QUEUED},
+)
+def extend():
+    stitch_op(write_op(decode_op(denoise_op(condition_op()))))
 
 
 @job(

@@ -460,6 +460,32 @@ def test_edit_an_uploaded_mp4_and_a_video_by_id(client, source_video, tmp_path):
         assert (info.frames, info.width) == (17, 64) and info.has_audio
 
 
+def test_extend_continues_a_video_and_answers_the_stitched_whole(client, stack, source_video, tmp_path):
+    extension = client.videos.extend(
+        prompt="the kite climbs higher",
+        seconds="1",
+        video=openai.omit,
+        extra_body={"video": {"id": source_video.id}},
+    )
+    assert extension.seconds == "2.125"  # 17 frames of the source + 17 new ones, at 16 fps
+    done = client.videos.poll(extension.id, poll_interval_ms=300)
+    assert done.status == "completed", done.error
+    assert (done.seconds, done.model_extra["shotloom"]["frames"]) == ("2.125", 34)
+    info = decode(client.videos.download_content(done.id).read(), tmp_path)
+    assert (info.frames, info.width) == (34, 64) and info.has_audio and abs(info.duration_s - 34 / 16) < 0.01
+    # The first 17 frames are the source's own (stream copy when settings match).
+    source = decode(client.videos.download_content(source_video.id).read(), tmp_path, "source.mp4")
+    assert source.frames == 17
+    # Lineage: the run started at the source's last frame with the source in memory, and both the
+    # new shot and the stitched film are recorded on the version.
+    version = stack.get(f"/version/{done.model_extra['shotloom']['version_id']}").json()
+    used = version["request"]["inputs"]["video.id"]
+    assert used["version_id"] == source_video.model_extra["shotloom"]["version_id"]
+    assert used["last_frame"]["media_type"] == "image/png" and used["memory"]["image"]
+    roles = {a["role"] for a in version["artifacts"] if a["kind"] == "video"}
+    assert roles == {"shot", "film"} and version["video_url"].endswith(".mp4")
+
+
 def test_edit_refusals_name_the_field(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.videos.edit(prompt="x", video=("clip.mp4", b"this is no video", "video/mp4"))

@@ -28,6 +28,7 @@ from shotloom.config import Defaults
 from shotloom.request import GenerationRequest, MemorySlot
 
 R2V_JOB = "r2v"
+EXTEND_JOB = "extend"
 MERGE_JOB = "merge"
 VERSION_TAG = "shotloom/version_id"  # every submitted run carries it: reconcile finds runs by it
 VIDEO_KIND = "video"  # artifacts are indexed by media kind; role says shot or film
@@ -132,7 +133,12 @@ class JobService:
         return self.artifact_path(version_id, VIDEO_KIND)
 
     def artifact_path(self, version_id: str, kind: str, role: str | None = None) -> Path | None:
-        for art in self.store.artifacts_for(version_id):
+        """An artifact's file; for a video with no role asked, the film (an extension's stitched
+        result) before the shot."""
+        arts = self.store.artifacts_for(version_id)
+        if role is None and kind == VIDEO_KIND:
+            arts = sorted(arts, key=lambda a: a.role != "film")
+        for art in arts:
             if art.kind == kind and (role is None or art.role == role):
                 path = (self.media_root / art.path).resolve()
                 if path.is_relative_to(self.media_root) and path.is_file():
@@ -167,7 +173,9 @@ class JobService:
             inputs[spec.source.field] = described
         if spec.strength is not None:
             config["strength"] = spec.strength
-        memory = []
+        stitch, memory = None, []
+        if spec.extends is not None:
+            stitch, source_memory = self._extension(spec, caps, config, inputs)
         for slot in spec.memory:
             if slot.shot_id is not None:
                 with_audio = caps is None or caps.audio_in
@@ -180,7 +188,10 @@ class JobService:
                 audio = self.resolve(slot.audio, "audio") if slot.audio is not None else None
             memory.append({"image": str(image.path), "audio": str(audio.path) if audio else None})
             inputs[slot.field] = {"image": describe(image), "audio": describe(audio) if audio else None}
-        config["memory"] = memory
+        config["memory"] = memory + ([source_memory] if stitch is not None else [])
+        ops: dict[str, Any] = {"condition_op": {"config": config}}
+        if stitch is not None:
+            ops["stitch_op"] = {"config": stitch}
 
         new = NewJob(
             kind="r2v",
@@ -193,8 +204,8 @@ class JobService:
             request={
                 "client": without_inline_data(spec.client),
                 "inputs": inputs,
-                "job_name": R2V_JOB,
-                "run_config": {"ops": {"condition_op": {"config": config}}},
+                "job_name": EXTEND_JOB if stitch is not None else R2V_JOB,
+                "run_config": {"ops": ops},
             },
             dialect=spec.dialect,
             submitter=spec.submitter,
@@ -218,9 +229,11 @@ class JobService:
                 if spec.guidance_scale is not None
                 else min(max(1.0, caps.guidance_range[0]), caps.guidance_range[1])
             ),
-            first_frame=here if spec.first_frame else None,
+            first_frame=here if spec.first_frame or spec.extends else None,
             last_frame=here if spec.last_frame else None,
-            memory=tuple(MemorySlot(here, here if s.audio else None) for s in spec.memory),
+            # An extension has its source in memory too (counted against the family's limit).
+            memory=tuple(MemorySlot(here, here if s.audio else None) for s in spec.memory)
+            + ((MemorySlot(here),) if spec.extends else ()),
             source_video=here if spec.source else None,
             strength=spec.strength,
         )
@@ -262,18 +275,61 @@ class JobService:
         asset = self.resolve(InputRef(source.field, upload=video), "video")
         return asset, {**describe(asset), "version_id": job.version_id, "shot_id": job.shot_id}
 
+    def _extension(
+        self, spec: ShotSpec, caps: Capabilities | None, config: dict[str, Any], inputs: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """An extension's first frame (its source's last, into ``config``); answers the stitch op's
+        config (the source goes before the new shot) and the memory slot of the source."""
+        from shotloom import media  # PyAV + numpy, no torch
+
+        source = spec.extends
+        assert source is not None
+        if spec.first_frame is not None:
+            raise InvalidField(
+                "an extension starts at its source's last frame: leave the first frame out",
+                spec.first_frame.field,
+            )
+        asset, described = self._source_video(source)
+        info = media.probe(asset.path)
+        with tempfile.TemporaryDirectory(dir=self.assets_dir) as tmp:
+            last = Path(tmp) / "last.png"
+            media.extract_frame(asset.path, info.frames - 1).save(last)
+            first = copy_into_assets(
+                last, "image", self.api.inputs, self.assets_dir, self.store, field=source.field
+            )
+        config["first_frame"] = str(first.path)
+        image, audio = self._memory_from_video(asset.path, source.field, caps is None or caps.audio_in)
+        inputs[source.field] = {
+            **described,
+            "last_frame": describe(first),
+            "memory": {"image": describe(image), "audio": describe(audio) if audio else None},
+        }
+        before = described.get("shot_id") or f"upload:{asset.sha256[:12]}"
+        stitch = {
+            "work_id": spec.work_id,
+            "before": [str(asset.path)],
+            "shot_ids": [before],
+            "before_frames": info.frames,
+        }
+        return stitch, {"image": str(image.path), "audio": str(audio.path) if audio else None}
+
     def _shot_memory(
         self, work_id: str, shot_id: str, field: str, with_audio: bool = True
     ) -> tuple[InputAsset, InputAsset | None]:
-        """A bare memory ``shot_id``: a representative frame and the complete audio track of the
-        newest successful shot of the same work, stored like client inputs (the audio only where
-        the model takes audio)."""
-        from shotloom import media  # PyAV + numpy, no torch
-
+        """A bare memory ``shot_id``: the newest successful shot of the same work, as memory."""
         job = self.store.newest_succeeded_shot(work_id, shot_id)
         video = self.video_path(job.version_id) if job is not None else None
         if video is None:
             raise Conflict(f"no successful shot {shot_id!r} in work {work_id!r} to take memory from", field)
+        return self._memory_from_video(video, field, with_audio)
+
+    def _memory_from_video(
+        self, video: Path, field: str, with_audio: bool
+    ) -> tuple[InputAsset, InputAsset | None]:
+        """A representative frame and the complete audio track of a video, stored like client
+        inputs (the audio only where the model takes audio)."""
+        from shotloom import media  # PyAV + numpy, no torch
+
         self.assets_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=self.assets_dir) as tmp:
             frame = Path(tmp) / "frame.png"

@@ -66,6 +66,9 @@ class ShotSpec:
     memory_field: str = "memory_slots"  # the client's name for the list (count errors)
     source: SourceRef | None = None  # video-to-video
     strength: float | None = None
+    # An extension: the shot continues this video (its first frame the video's last, the video in
+    # its memory) and the run appends it to the video, answering the stitched film.
+    extends: SourceRef | None = None
     job_id: str | None = None
     callback_url: str | None = None
     callback_context: dict[str, Any] | None = None

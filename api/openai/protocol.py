@@ -162,6 +162,7 @@ class VideoCreateRequest(_Strict):
         submitter: str | None = None,
         upload_digests: dict[str, str] | None = None,
         source: SourceRef | None = None,
+        extends: SourceRef | None = None,
     ) -> ShotSpec:
         """The dialect-neutral shot: fields the client set, then the operator's ``default_request``,
         then the model's preset; every value checked against what the model can honour."""
@@ -243,6 +244,7 @@ class VideoCreateRequest(_Strict):
             memory_field="image_reference",
             source=source,
             strength=self.strength,
+            extends=extends,
             job_id=job_id,
             submitter=submitter,
             version_id=version_id,

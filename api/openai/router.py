@@ -262,6 +262,19 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
         return video_response(view(job))
 
     @router.post(
+        "/videos/extensions", response_model=Video, responses=_SOURCE_ERRORS, openapi_extra=_EDIT_BODY
+    )
+    async def extend_video(
+        request: Request,
+        idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+        who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
+    ) -> Response:
+        """A continuation of `video` (an MP4 file part or `{"id"}`), `seconds` long, stitched after
+        it: the new video is the whole (its `seconds` the total)."""
+        job = await accept(request, lambda raw, up, dg: serving.extend(raw, up, dg, idempotency_key, who))
+        return video_response(view(job))
+
+    @router.post(
         "/videos/{video_id}/remix", response_model=Video, responses=_SOURCE_ERRORS, openapi_extra=_CREATE_BODY
     )
     async def remix_video(

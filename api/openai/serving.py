@@ -86,13 +86,22 @@ def openai_errors() -> Iterator[None]:
         raise validation_error(exc) from None
 
 
-def like_source(raw: dict[str, Any], source: JobRecord) -> dict[str, Any]:
-    """``raw`` with the source job's size, length, rate, seed and work where it gives none."""
+def like_source(
+    raw: dict[str, Any], source: JobRecord, max_seconds: float, length: bool = True
+) -> dict[str, Any]:
+    """``raw`` with the source job's size, length (unless not ``length``), rate, seed and work
+    where it gives none. A stitched source (an extension) is off the frame grid: its length goes
+    as seconds (snapped up, at most ``max_seconds``)."""
     config = source.request.get("run_config", {}).get("ops", {}).get("condition_op", {}).get("config", {})
+    frames, written = config.get("num_frames"), (source.result or {}).get("frames")
+    seconds = None
+    if length and written and frames and int(written) != frames and config.get("fps"):
+        frames, seconds = None, min(int(written) / config["fps"], max_seconds)
     return with_defaults(
         raw,
         size=f"{config['width']}x{config['height']}" if config.get("width") else None,
-        num_frames=config.get("num_frames"),
+        num_frames=frames if length else None,
+        seconds=seconds,
         fps=config.get("fps"),
         seed=config.get("seed"),
         extra_params={"work_id": source.work_id},
@@ -250,6 +259,7 @@ class VideoServing:
         submitter: str | None = None,
         source: SourceRef | None = None,
         recorded: dict[str, Any] | None = None,
+        extends: SourceRef | None = None,
     ) -> tuple[JobRecord, bool]:
         """Queue a video; ``source``: the video it starts from (remix, edit), ``recorded``: more
         of the request to keep and show back (and to tell idempotent replays apart)."""
@@ -272,6 +282,7 @@ class VideoServing:
                 submitter=submitter,
                 upload_digests=upload_digests,
                 source=source,
+                extends=extends,
             )
             if recorded:
                 spec = replace(
@@ -295,7 +306,7 @@ class VideoServing:
         """A completed video again with a new prompt: its size, length and seed unless given,
         starting from its frames."""
         source = self.completed(video, "video_id")
-        req = self.parse(like_source(raw, source))
+        req = self.parse(like_source(raw, source, self.config.max_seconds))
         return self.create(
             req,
             uploads,
@@ -315,6 +326,42 @@ class VideoServing:
         submitter: str | None,
     ) -> tuple[JobRecord, bool]:
         """A video (an uploaded MP4, or ``{"id"}`` of a completed one) changed by a prompt."""
+        raw, uploads, digests, ref, recorded = self._video_field(raw, uploads, digests)
+        if ref.version_id is not None:
+            raw = like_source(raw, self.ctx.store.get(ref.version_id), self.config.max_seconds)
+        else:
+            raw = self._like_upload(raw, ref.video.upload)
+        return self.create(
+            self.parse(raw), uploads, digests, idempotency_key, submitter, source=ref, recorded=recorded
+        )
+
+    def extend(
+        self,
+        raw: dict[str, Any],
+        uploads: dict[str, Path],
+        digests: dict[str, str],
+        idempotency_key: str | None,
+        submitter: str | None,
+    ) -> tuple[JobRecord, bool]:
+        """A continuation of a video (an uploaded MP4, or ``{"id"}`` of a completed one), ``seconds``
+        long, starting at its last frame with the video in memory, stitched after it: the new
+        video is the whole, and its ``seconds`` the total."""
+        raw, uploads, digests, ref, recorded = self._video_field(raw, uploads, digests)
+        if ref.version_id is not None:
+            # The extension's length is its own (seconds), never its source's.
+            raw = like_source(raw, self.ctx.store.get(ref.version_id), self.config.max_seconds, length=False)
+        else:
+            raw = self._like_upload(raw, ref.video.upload, length=False)
+        return self.create(
+            self.parse(raw), uploads, digests, idempotency_key, submitter, extends=ref, recorded=recorded
+        )
+
+    def _video_field(
+        self, raw: dict[str, Any], uploads: dict[str, Path], digests: dict[str, str]
+    ) -> tuple[dict[str, Any], dict[str, Path], dict[str, str], SourceRef, dict[str, Any]]:
+        """The ``video`` of an edit or extension: a file part, or ``{"id"}`` of a completed video
+        (404 unknown, 409 unfinished); answers the rest of the request, the source and what to
+        record of it."""
         raw, uploads, digests = dict(raw), dict(uploads), dict(digests)
         given, upload = raw.pop("video", None), uploads.pop("video", None)
         if upload is not None and given is not None:
@@ -323,16 +370,8 @@ class VideoServing:
             )
         if upload is not None:
             digest = digests.pop("video")
-            req = self.parse(self._like_upload(raw, upload))
-            return self.create(
-                req,
-                uploads,
-                digests,
-                idempotency_key,
-                submitter,
-                source=SourceRef("video", video=InputRef("video", upload=upload)),
-                recorded={"video": {"upload_sha256": digest}},
-            )
+            ref = SourceRef("video", video=InputRef("video", upload=upload))
+            return raw, uploads, digests, ref, {"video": {"upload_sha256": digest}}
         if not isinstance(given, dict) or set(given) != {"id"} or not isinstance(given["id"], str):
             raise OpenAIError(
                 400,
@@ -341,16 +380,8 @@ class VideoServing:
                 code="invalid_value",
             )
         source = self.completed(given["id"], "video.id")
-        req = self.parse(like_source(raw, source))
-        return self.create(
-            req,
-            uploads,
-            digests,
-            idempotency_key,
-            submitter,
-            source=SourceRef("video.id", version_id=source.version_id),
-            recorded={"video": {"id": given["id"]}},
-        )
+        ref = SourceRef("video.id", version_id=source.version_id)
+        return raw, uploads, digests, ref, {"video": {"id": given["id"]}}
 
     def completed(self, video: str, param: str) -> JobRecord:
         """A source video: 404 when unknown, 409 ``not_ready`` until it has completed."""
@@ -364,7 +395,7 @@ class VideoServing:
             )
         return job
 
-    def _like_upload(self, raw: dict[str, Any], upload: Path) -> dict[str, Any]:
+    def _like_upload(self, raw: dict[str, Any], upload: Path, length: bool = True) -> dict[str, Any]:
         """An uploaded source's size (on the model's grid, within the server's limits) and length
         (at most max_seconds), unless the request gives them. Undecodable: 400 naming ``video``."""
         from shotloom.media import probe  # PyAV, no torch
@@ -381,7 +412,7 @@ class VideoServing:
         width = max(m, min(info.width, caps.max_width) // m * m)
         height = max(m, min(info.height, caps.max_height) // m * m)
         seconds = min(float(info.duration_s), caps.max_seconds)
-        return with_defaults(raw, size=f"{width}x{height}", seconds=seconds)
+        return with_defaults(raw, size=f"{width}x{height}", seconds=seconds if length else None)
 
     def _operator_seed(self) -> int:
         if self._operator is not None and self._operator.seed is not None:
@@ -435,6 +466,11 @@ class VideoServing:
         frames, fps = config.get("num_frames"), config.get("fps")
         width, height = config.get("width"), config.get("height")
         result = job.result or {}
+        stitch = job.request.get("run_config", {}).get("ops", {}).get("stitch_op", {}).get("config")
+        if job.status == "succeeded" and result.get("frames") and result.get("fps"):
+            frames, fps = int(result["frames"]), int(round(float(result["fps"])))  # what was written
+        elif stitch and frames:
+            frames += int(stitch.get("before_frames", 0))  # an extension: the stitched whole
         phase = "completed" if job.status == "succeeded" else job.stage
         eta = self._eta(job, position)
         worker = (live.get("worker") or {}).get("name")
