@@ -20,13 +20,19 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 
-from api.openai.protocol import ServedModel, VideoCreateRequest, snap_frames
+from api.openai.protocol import CharacterCreateRequest, ServedModel, VideoCreateRequest, snap_frames
 
 URL_PATTERN = r"^(data:|https?://|file://|/)"
 _SHARED = {"health"}
 # Fields of the JSON body that a multipart form carries under bracketed keys, and file parts.
 _NESTED = ("video_params", "image_reference", "lora", "extra_params", "characters", "guides")
 _FILES = ("input_reference", "first_frame", "last_frame")
+_BY_ID = {  # {"id": ...} of a completed video
+    "type": "object",
+    "properties": {"id": {"type": "string", "pattern": "^video_[0-9a-f]{32}$"}},
+    "required": ["id"],
+    "additionalProperties": False,
+}
 
 
 def full_document(app: FastAPI) -> dict[str, Any]:
@@ -42,17 +48,28 @@ def full_document(app: FastAPI) -> dict[str, Any]:
         _url_patterns(components[name])
     components["VideoCreateForm"] = form = _form_schema(schema)
     components["VideoEditRequest"], components["VideoEditForm"] = _edit_schemas(schema, form)
+    character = CharacterCreateRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    character["properties"]["video"] = {**_BY_ID, "description": "A completed video of this server."}
+    character["required"] = ["name", "video"]
+    components["CharacterCreateRequest"] = character
+    components["CharacterCreateForm"] = {
+        "title": "CharacterCreateForm",
+        "type": "object",
+        "description": 'The source is a file part "video" (an MP4), or a field "video[id]".',
+        "properties": {
+            "name": character["properties"]["name"],
+            "video": {"type": "string", "format": "binary"},
+        },
+        "patternProperties": {r"^video\[id\]$": {"type": "string"}},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
     return doc
 
 
 def _edit_schemas(request: dict[str, Any], form: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """POST /v1/videos/edits: a create body plus ``video`` (``{"id"}``, or a file part)."""
-    by_id = {
-        "type": "object",
-        "properties": {"id": {"type": "string", "pattern": "^video_[0-9a-f]{32}$"}},
-        "required": ["id"],
-        "additionalProperties": False,
-    }
+    by_id = _BY_ID
     edit_request = copy.deepcopy(request)
     edit_request["title"] = "VideoEditRequest"
     edit_request["properties"]["video"] = {**by_id, "description": "A completed video of this server."}

@@ -174,6 +174,21 @@ class InputAsset(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+class Character(Base):
+    """A named reference (a representative frame, and an audio track where the source had one)
+    taken once from a video; usable as a memory slot in both dialects. Its files are input assets."""
+
+    __tablename__ = "characters"
+
+    character_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    image_sha256: Mapped[str] = mapped_column(ForeignKey("input_assets.sha256"))
+    audio_sha256: Mapped[str | None] = mapped_column(ForeignKey("input_assets.sha256"))
+    source: Mapped[dict[str, Any]] = mapped_column(JSON)  # {"version_id": ...} or {"upload_sha256": ...}
+    submitter: Mapped[str | None] = mapped_column(String(255))
+    created_at: Mapped[float] = mapped_column(Float)
+
+
 class CallbackOutbox(Base):
     __tablename__ = "callback_outbox"
 
@@ -265,6 +280,17 @@ class InputAssetRecord:
     path: str
     media_type: str
     bytes: int
+    created_at: float
+
+
+@dataclass(frozen=True)
+class CharacterRecord:
+    character_id: str
+    name: str
+    image: InputAssetRecord
+    audio: InputAssetRecord | None
+    source: dict[str, Any]
+    submitter: str | None
     created_at: float
 
 
@@ -961,6 +987,52 @@ class Store:
         with self._read() as s:
             row = s.get(InputAsset, sha256)
             return _asset_record(row) if row is not None else None
+
+    # -- characters -------------------------------------------------------------------------------
+    def put_character(
+        self,
+        character_id: str,
+        name: str,
+        image_sha256: str,
+        audio_sha256: str | None,
+        source: dict[str, Any],
+        submitter: str | None,
+    ) -> CharacterRecord:
+        """Record a character (content-addressed: the same name and media give the same id, and
+        the first record of an id wins)."""
+        with self._write() as s:
+            if s.get(Character, character_id) is None:
+                s.add(
+                    Character(
+                        character_id=character_id,
+                        name=name,
+                        image_sha256=image_sha256,
+                        audio_sha256=audio_sha256,
+                        source=source,
+                        submitter=submitter,
+                        created_at=time.time(),
+                    )
+                )
+        found = self.get_character(character_id)
+        assert found is not None
+        return found
+
+    def get_character(self, character_id: str) -> CharacterRecord | None:
+        with self._read() as s:
+            row = s.get(Character, character_id)
+            if row is None:
+                return None
+            image = s.get(InputAsset, row.image_sha256)
+            audio = s.get(InputAsset, row.audio_sha256) if row.audio_sha256 else None
+            return CharacterRecord(
+                character_id=row.character_id,
+                name=row.name,
+                image=_asset_record(image),
+                audio=_asset_record(audio) if audio is not None else None,
+                source=row.source,
+                submitter=row.submitter,
+                created_at=row.created_at,
+            )
 
     # -- callback outbox ------------------------------------------------------------------------
 

@@ -225,6 +225,25 @@ def test_a_source_video_slot_runs_video_to_video_from_an_earlier_version(api):
     assert done["result"]["frames"] == 17
 
 
+def test_a_character_is_a_memory_slot_of_an_r2v_shot(api):
+    s1 = api.get(f"/version/{api.find_version('s1')}").json()
+    mp4 = api.client.get(s1["video_url"]).content
+    made = api.client.post(
+        api.base + "/v1/videos/characters",
+        data={"name": "Ada"},
+        files={"video": ("s1.mp4", mp4, "video/mp4")},
+    )
+    assert made.status_code == 200, made.text
+    character = made.json()["id"]
+    resp = api.post("/r2v", shot("s5", memory_slots=[{"character_id": character}]))
+    assert resp.status_code == 202, resp.text
+    done = api.wait_version(resp.json()["version_id"])
+    assert done["status"] == "succeeded", done["error"]
+    assert done["request"]["inputs"]["memory_slots[0].character_id"]["image"]["media_type"] == "image/png"
+    unknown = api.post("/r2v", shot("s6", memory_slots=[{"character_id": "char_" + "0" * 32}]))
+    assert unknown.status_code == 422 and "memory_slots[0].character_id" in unknown.text
+
+
 def test_merge_by_version_ids_produces_one_film(api, receiver):
     versions = [api.find_version("s1"), api.find_version("s4")]
     receiver.refuse, receiver.attempts, receiver.delivered = 0, [], []

@@ -486,6 +486,46 @@ def test_extend_continues_a_video_and_answers_the_stitched_whole(client, stack, 
     assert roles == {"shot", "film"} and version["video_url"].endswith(".mp4")
 
 
+def test_characters_from_an_upload_and_by_id_then_used_in_a_later_video(
+    client, stack, source_video, tmp_path
+):
+    mp4 = client.videos.download_content(source_video.id).read()
+    made = client.videos.create_character(name="Kite", video=("kite.mp4", mp4, "video/mp4"))
+    assert made.id.startswith("char_") and made.name == "Kite"
+    again = client.videos.create_character(name="Kite", video=("kite.mp4", mp4, "video/mp4"))
+    assert again.id == made.id  # content-addressed: the same name and media are the same character
+    got = client.videos.get_character(made.id)
+    assert (got.id, got.name, got.created_at) == (made.id, "Kite", made.created_at)
+    assert got.model_extra["shotloom"]["has_audio"] is True  # the source's (silent AAC) track
+    by_id = client.videos.create_character(
+        name="Kite again", video=openai.omit, extra_body={"video": {"id": source_video.id}}
+    )
+    assert (
+        by_id.model_extra["shotloom"]["source"]["version_id"]
+        == source_video.model_extra["shotloom"]["version_id"]
+    )
+
+    video = client.videos.create_and_poll(
+        prompt="the kite over a city",
+        size="64x64",
+        seconds="1",
+        extra_body={"characters": [made.id]},
+        poll_interval_ms=300,
+    )
+    assert video.status == "completed", video.error
+    inputs = stack.get(f"/version/{video.model_extra['shotloom']['version_id']}").json()["request"]["inputs"]
+    assert inputs["characters[0]"]["image"]["sha256"] == got.model_extra["shotloom"]["frame_sha256"]
+    assert inputs["characters[0]"]["audio"] is None  # Wan takes no audio: the character's track stays out
+
+    with pytest.raises(openai.BadRequestError) as info:
+        client.videos.create(
+            prompt="x", size="64x64", seconds="1", extra_body={"characters": ["char_" + "0" * 32]}
+        )
+    assert info.value.body["param"] == "characters[0]"
+    with pytest.raises(openai.NotFoundError):
+        client.videos.get_character("char_" + "0" * 32)
+
+
 def test_edit_refusals_name_the_field(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.videos.edit(prompt="x", video=("clip.mp4", b"this is no video", "video/mp4"))

@@ -9,6 +9,7 @@ which also reconciles accepted-but-unsubmitted jobs at start. No torch, no HTTP 
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import statistics
 import tempfile
@@ -19,9 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from api.core.errors import Conflict, InvalidField, NotFound, QueueFull, Unavailable
-from api.core.specs import InputRef, MergeSpec, ShotSpec, SourceRef
+from api.core.specs import InputRef, MemoryRef, MergeSpec, ShotSpec, SourceRef
 from api.inputs import InputAsset, InputError, Role, copy_into_assets, resolve_resource
-from api.store import FINISHED, IdempotencyConflict, JobKind, JobRecord, NewJob, Store, payload_hash
+from api.store import (
+    FINISHED,
+    CharacterRecord,
+    IdempotencyConflict,
+    InputAssetRecord,
+    JobKind,
+    JobRecord,
+    NewJob,
+    Store,
+    payload_hash,
+)
 from shotloom.api_config import ApiConfig
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import Defaults
@@ -177,7 +188,9 @@ class JobService:
         if spec.extends is not None:
             stitch, source_memory = self._extension(spec, caps, config, inputs)
         for slot in spec.memory:
-            if slot.shot_id is not None:
+            if slot.character_id is not None:
+                image, audio = self._character_memory(slot, caps is None or caps.audio_in)
+            elif slot.shot_id is not None:
                 with_audio = caps is None or caps.audio_in
                 image, audio = self._shot_memory(
                     spec.work_id, slot.shot_id, f"{slot.field}.shot_id", with_audio
@@ -312,6 +325,35 @@ class JobService:
             "before_frames": info.frames,
         }
         return stitch, {"image": str(image.path), "audio": str(audio.path) if audio else None}
+
+    def _character_memory(self, slot: MemoryRef, with_audio: bool) -> tuple[InputAsset, InputAsset | None]:
+        character = self.store.get_character(slot.character_id or "")
+        if character is None:
+            raise InvalidField(f"unknown character {slot.character_id!r}", slot.field)
+
+        def asset(rec: InputAssetRecord, role: Role) -> InputAsset:
+            return InputAsset(
+                rec.sha256, self.assets_dir / rec.path, rec.path, rec.media_type, rec.bytes, role, "file"
+            )
+
+        audio = character.audio if with_audio else None
+        return asset(character.image, "image"), asset(audio, "audio") if audio is not None else None
+
+    # -- characters -------------------------------------------------------------------------------
+    def create_character(self, name: str, source: SourceRef, submitter: str | None) -> CharacterRecord:
+        """A named reference taken once from a video (a finished version or a resource): its
+        representative frame and its audio track, stored content-addressed. The same name and
+        media give the same id."""
+        asset, described = self._source_video(source)
+        image, audio = self._memory_from_video(asset.path, source.field, with_audio=True)
+        key = "\0".join([name, image.sha256, audio.sha256 if audio else ""])
+        character_id = "char_" + hashlib.sha256(key.encode()).hexdigest()[:32]
+        origin = (
+            {"version_id": described["version_id"]} if "version_id" in described else {"sha256": asset.sha256}
+        )
+        return self.store.put_character(
+            character_id, name, image.sha256, audio.sha256 if audio else None, origin, submitter
+        )
 
     def _shot_memory(
         self, work_id: str, shot_id: str, field: str, with_audio: bool = True

@@ -26,12 +26,14 @@ class InputRef:
 
 @dataclass(frozen=True)
 class MemoryRef:
-    """One memory slot: an image (with optional audio), or the newest successful shot of the work."""
+    """One memory slot: an image (with optional audio), the newest successful shot of the work, or a
+    character (its frame, and its audio where the model takes audio)."""
 
     field: str
     image: InputRef | None = None
     audio: InputRef | None = None
     shot_id: str | None = None
+    character_id: str | None = None
 
 
 @dataclass(frozen=True)

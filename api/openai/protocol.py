@@ -22,6 +22,7 @@ from api.core.specs import InputRef, MemoryRef, ShotSpec, SourceRef
 from shotloom.capabilities import Capabilities
 
 SIZE_PATTERN = r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$"
+CHARACTER_ID_PATTERN = r"^char_[0-9a-f]{32}$"
 MAX_SEED = 2**32
 URL_DESCRIPTION = "data: URL, http(s) URL, file:// URL or absolute path (under the server's allowed roots)"
 
@@ -107,7 +108,11 @@ class VideoCreateRequest(_Strict):
     image_reference: list[ReferenceObject] | None = Field(
         default=None, description="Reference images (memory slots), each optionally with its audio_url."
     )
-    characters: list[str] | None = Field(default=None, description="Not served yet.")
+    characters: list[Annotated[str, Field(pattern=CHARACTER_ID_PATTERN)]] | None = Field(
+        default=None,
+        description="Characters (POST /v1/videos/characters) as memory: their frame, and their audio "
+        "where the model takes audio; counted with image_reference against the model's limit.",
+    )
     video_url: str | None = Field(
         default=None, description="A source video (video-to-video), as a URL string.", min_length=1
     )
@@ -261,8 +266,6 @@ class VideoCreateRequest(_Strict):
             raise InvalidField(
                 f"no LoRA adapter is served here, so {self.lora.name!r} cannot be selected", "lora"
             )
-        if self.characters:
-            raise InvalidField("characters are not served by this server", "characters")
         if self.guides is not None or any(
             k.startswith("guide")
             for k in uploads
@@ -302,6 +305,8 @@ class VideoCreateRequest(_Strict):
             image = _image_ref(ref, field)
             audio = InputRef(f"{field}.audio_url", ref.audio_url) if ref.audio_url else None
             out.append(MemoryRef(field, image=image, audio=audio))
+        for i, character in enumerate(self.characters or ()):
+            out.append(MemoryRef(f"characters[{i}]", character_id=character))
         return tuple(out)
 
     def geometry(self) -> dict[str, Any]:
@@ -480,6 +485,29 @@ class VideoDeleted(BaseModel):
     object: Literal["video.deleted"] = "video.deleted"
     deleted: bool
     status: VideoStatus = Field(description="cancelled/in_progress when DELETE cancelled the job.")
+
+
+class CharacterCreateRequest(_Strict):
+    """``POST /v1/videos/characters`` (JSON, or multipart with ``video`` a file part)."""
+
+    name: str = Field(min_length=1, max_length=255, pattern=r"\S", description="Display name.")
+    video: dict[str, str] | None = Field(
+        default=None, description='{"id": "video_..."} of a completed video (or a file part in multipart).'
+    )
+
+
+class CharacterExtension(BaseModel):
+    frame_sha256: str
+    has_audio: bool
+    source: dict[str, Any] = Field(description="The video it was taken from (version_id or sha256).")
+
+
+class CharacterObject(BaseModel):
+    id: str
+    object: Literal["character"] = "character"
+    name: str
+    created_at: int
+    shotloom: CharacterExtension
 
 
 class ModelCard(BaseModel):

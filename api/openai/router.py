@@ -9,7 +9,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -23,6 +23,7 @@ from api.deps import submitter_dependency
 from api.openai.errors import ErrorBody, OpenAIError
 from api.openai.forms import FormError, unflatten
 from api.openai.protocol import (
+    CharacterObject,
     ModelCard,
     ModelList,
     Video,
@@ -35,6 +36,7 @@ from api.openai.uploads import guarded_body
 from api.store import JobRecord, UnknownVersion
 from shotloom.media import file_sha256
 
+T = TypeVar("T")
 SYNC_POLL_S = 0.2
 VIEW_CACHE_SIZE = 10_000  # cached GET /v1/videos/{id} answers; cleared when full
 POLL_HEADER = "openai-poll-after-ms"
@@ -66,6 +68,15 @@ _EDIT_BODY = {
         "content": {
             "application/json": {"schema": {"$ref": "#/components/schemas/VideoEditRequest"}},
             "multipart/form-data": {"schema": {"$ref": "#/components/schemas/VideoEditForm"}},
+        },
+    }
+}
+_CHARACTER_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/CharacterCreateRequest"}},
+            "multipart/form-data": {"schema": {"$ref": "#/components/schemas/CharacterCreateForm"}},
         },
     }
 }
@@ -150,7 +161,7 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
         position = ctx.store.queue_position(job.version_id) if job.status == "queued" else None
         return serving.video(job, position)
 
-    async def accept(request: Request, handle: Callable[[dict, dict, dict], tuple[JobRecord, bool]]) -> Any:
+    async def with_body(request: Request, handle: Callable[[dict, dict, dict], T]) -> T:
         """Read a create-like body (JSON or multipart, files spooled under the store's limits) and
         hand it to ``handle(raw, uploads, upload_digests)`` in a thread; the spool goes after."""
         assets = ctx.jobs.assets_dir
@@ -159,7 +170,12 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
             async with guarded_body(request, ctx.api.openai, ctx.retention) as body:
                 raw, uploads = await read_request(body, Path(tmp))
             digests = {name: await run_in_threadpool(file_sha256, path) for name, path in uploads.items()}
-            job, _created = await run_in_threadpool(handle, raw, uploads, digests)
+            return await run_in_threadpool(handle, raw, uploads, digests)
+
+    async def accept(
+        request: Request, handle: Callable[[dict, dict, dict], tuple[JobRecord, bool]]
+    ) -> JobRecord:
+        job, _created = await with_body(request, handle)
         return job
 
     def creating(idempotency_key: str | None, who: str):
@@ -250,6 +266,25 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
             headers=headers,
             background=BackgroundTask(serving.remove, job),  # the file goes once it is sent
         )
+
+    # Before the /videos/{video_id} routes, which would otherwise take "characters" for an id.
+    @router.post(
+        "/videos/characters",
+        response_model=CharacterObject,
+        responses={**_SOURCE_ERRORS, 404: {"model": ErrorBody, "description": "Unknown source video."}},
+        openapi_extra=_CHARACTER_BODY,
+    )
+    async def create_character(
+        request: Request,
+        who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
+    ) -> CharacterObject:
+        """A named character from a video (an MP4 file part, or `{"id"}` of a completed video): its
+        representative frame and audio track, taken once; use it as `characters: [id]`."""
+        return await with_body(request, lambda raw, up, dg: serving.create_character(raw, up, dg, who))
+
+    @router.get("/videos/characters/{character_id}", response_model=CharacterObject, responses=_ERRORS)
+    def get_character(character_id: str) -> CharacterObject:
+        return serving.character(character_id)
 
     @router.post("/videos/edits", response_model=Video, responses=_SOURCE_ERRORS, openapi_extra=_EDIT_BODY)
     async def edit_video(

@@ -16,12 +16,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from api.context import ApiContext
-from api.core.errors import EncoderMissing, NotFound, ServiceError, Unavailable
+from api.core.errors import EncoderMissing, InvalidField, NotFound, ServiceError, Unavailable
 from api.core.specs import InputRef, SourceRef
 from api.core.views import JobViews
 from api.health import missing_encoders
 from api.openai.errors import OpenAIError, validation_error
 from api.openai.protocol import (
+    CharacterCreateRequest,
+    CharacterExtension,
+    CharacterObject,
     ModelCard,
     ServedModel,
     Video,
@@ -32,7 +35,7 @@ from api.openai.protocol import (
     version_of,
     video_id,
 )
-from api.store import JobRecord
+from api.store import CharacterRecord, JobRecord
 from shotloom import stages
 
 log = logging.getLogger("shotloom.api.openai")
@@ -84,6 +87,17 @@ def openai_errors() -> Iterator[None]:
         raise OpenAIError.from_service(exc) from None
     except ValidationError as exc:
         raise validation_error(exc) from None
+
+
+def character_object(rec: CharacterRecord) -> CharacterObject:
+    return CharacterObject(
+        id=rec.character_id,
+        name=rec.name,
+        created_at=int(rec.created_at),
+        shotloom=CharacterExtension(
+            frame_sha256=rec.image.sha256, has_audio=rec.audio is not None, source=rec.source
+        ),
+    )
 
 
 def like_source(
@@ -382,6 +396,23 @@ class VideoServing:
         source = self.completed(given["id"], "video.id")
         ref = SourceRef("video.id", version_id=source.version_id)
         return raw, uploads, digests, ref, {"video": {"id": given["id"]}}
+
+    # -- characters -------------------------------------------------------------------------------
+    def create_character(
+        self, raw: dict[str, Any], uploads: dict[str, Path], digests: dict[str, str], submitter: str | None
+    ) -> CharacterObject:
+        raw, uploads, digests, ref, _recorded = self._video_field(raw, uploads, digests)
+        with openai_errors():
+            req = CharacterCreateRequest.model_validate(raw)
+            if uploads:
+                raise InvalidField(f"unexpected file part {sorted(uploads)[0]!r}", sorted(uploads)[0])
+            return character_object(self.jobs.create_character(req.name, ref, submitter))
+
+    def character(self, character_id: str) -> CharacterObject:
+        found = self.ctx.store.get_character(character_id)
+        if found is None:
+            raise OpenAIError(404, f"no character {character_id!r}", param="character_id", code="not_found")
+        return character_object(found)
 
     def completed(self, video: str, param: str) -> JobRecord:
         """A source video: 404 when unknown, 409 ``not_ready`` until it has completed."""

@@ -84,6 +84,12 @@ class MemorySlot(_Strict):
         default=None, description="Newest successful local R2V shot with this id in the same work_id."
     )
     image_url: Resource | None = None
+    character_id: str | None = Field(
+        default=None,
+        pattern=r"^char_[0-9a-f]{32}$",
+        description="A character (POST /v1/videos/characters): its frame, and its audio where the model "
+        "takes audio.",
+    )
     video_url: Resource | None = Field(default=None, description="A source video (video-to-video).")
     version_id: NonEmptyStr | None = Field(
         default=None, description="A succeeded local version whose MP4 is the source video (video-to-video)."
@@ -127,13 +133,12 @@ class MemorySlot(_Strict):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> MemorySlot:
-        given = [
-            n for n in ("shot_id", "image_url", "video_url", "version_id") if getattr(self, n) is not None
-        ]
+        names = ("shot_id", "image_url", "character_id", "video_url", "version_id")
+        given = [n for n in names if getattr(self, n) is not None]
         if len(given) != 1:
             raise ValueError(
-                "each memory slot needs exactly one of shot_id, image_url, or (a source video) "
-                "video_url or version_id"
+                "each memory slot needs exactly one of shot_id, image_url, character_id, or (a source "
+                "video) video_url or version_id"
             )
         if self.strength is not None and not self.is_source:
             raise ValueError("strength is only allowed beside video_url or version_id")
@@ -149,6 +154,8 @@ class MemorySlot(_Strict):
             return out if self.strength is None else {**out, "strength": self.strength}
         if self.shot_id is not None:
             return {"shot_id": self.shot_id}
+        if self.character_id is not None:
+            return {"character_id": self.character_id}
         out: dict[str, Any] = {"image_url": self.image_url}
         if self.audio_url is not None:
             out["audio_url"] = self.audio_url
@@ -217,6 +224,8 @@ class R2VRequest(_Strict):
                     raise InvalidField("one source video per shot", name)
                 video = InputRef(name, slot.video_url) if slot.video_url else None
                 source, strength = SourceRef(name, version_id=slot.version_id, video=video), slot.strength
+            elif slot.character_id is not None:
+                memory.append(MemoryRef(f"{field}.character_id", character_id=slot.character_id))
             elif slot.shot_id is not None:
                 memory.append(MemoryRef(field, shot_id=slot.shot_id))
             else:
