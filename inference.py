@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strength", type=float, help="how far from --source-video to go, in (0, 1] (default: the YAML's)"
     )
+    p.add_argument("--lora", metavar="NAME[:SCALE]", help="a LoRA adapter of the YAML's `adapters`, by name")
     p.add_argument("--output", type=Path, required=True)
     return p
 
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         memory=args.memory,
         source_video=args.source_video,
         strength=args.strength,
+        lora=args.lora.partition(":")[0] if args.lora else None,
+        lora_scale=float(args.lora.partition(":")[2]) if args.lora and ":" in args.lora else None,
     )
     try:
         result = runtime.generate(req, args.output)
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         "output": str(result.output),
         "seed": req.seed,
         "strength": req.strength,
+        "lora": req.lora,
         "checkpoint": runtime.checkpoint_id,
         "cache_hit": result.cache_hit,
         "timings": result.timings,

@@ -58,7 +58,7 @@ class Stack:
             "PYTHONPATH": path,  # every process must import orchestration.launcher
             "DAGSTER_HOME": str(cfg.dagster_home),
             "SHOTLOOM_STATE_DIR": str(cfg.state_dir),
-            "SHOTLOOM_INFERENCE_CONFIG": str(cfg.inference.config),
+            "SHOTLOOM_INFERENCE_CONFIG": str(cfg.inference_config()),
             "SHOTLOOM_MEDIA_ROOT": str(cfg.media_root),
             "SHOTLOOM_STEP_STORAGE": str(cfg.step_storage),
         }

@@ -28,7 +28,7 @@ def build_context(cfg: ServerConfig) -> ApiContext:
     web = cfg.webserver
     gateway = DagsterGateway("127.0.0.1" if web.host in ("0.0.0.0", "::") else web.host, web.port)
     follower = Follower(store, gateway, api, cfg.state_dir)
-    inference = load_inference_config(cfg.inference.config)
+    inference = load_inference_config(cfg.inference_config())
     jobs = JobService(
         store,
         api,

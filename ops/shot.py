@@ -60,6 +60,8 @@ class ShotConfig(Config):
     strength: float | None = Field(
         default=None, description="How far from source_video to go, in (0, 1]; default: the YAML's."
     )
+    lora: str | None = Field(default=None, description="A LoRA adapter of the inference YAML, by name.")
+    lora_scale: float | None = Field(default=None, description="Its scale; default: the configured one.")
 
 
 def _request(bundle) -> GenerationRequest:
@@ -148,6 +150,8 @@ def condition_op(
         memory=[MemorySlot(path(m.image), path(m.audio)) for m in config.memory],
         source_video=path(config.source_video),
         strength=config.strength,
+        lora=config.lora,
+        lora_scale=config.lora_scale,
     )
     try:
         rt.check(req)

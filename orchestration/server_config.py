@@ -6,6 +6,7 @@ No torch here: server.py, the webserver and the daemon import this.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from orchestration.launcher import GPU_TAG
 from shotloom.api_config import ApiConfig
-from shotloom.config import REPO_ROOT
+from shotloom.config import REPO_ROOT, Adapter
 
 
 class _Strict(BaseModel):
@@ -28,6 +29,11 @@ class WebserverConfig(_Strict):
 
 class InferenceRef(_Strict):
     config: Path = Field(description="Inference YAML; it selects the checkpoint.")
+    adapters: list[Adapter] | None = Field(
+        default=None,
+        description="LoRA adapters every worker loads beside the base weights (name, path, scale); "
+        "replaces the inference YAML's own list. None: the inference YAML's.",
+    )
 
 
 class DeviceConfig(_Strict):
@@ -140,7 +146,14 @@ class ServerConfig(_Strict):
         return self.model_copy(
             update={
                 "state_dir": state,
-                "inference": InferenceRef(config=absolute(self.inference.config)),
+                "inference": InferenceRef(
+                    config=absolute(self.inference.config),
+                    adapters=[
+                        a.model_copy(update={"path": absolute(a.path)}) for a in self.inference.adapters
+                    ]
+                    if self.inference.adapters is not None
+                    else None,
+                ),
                 "media_root": absolute(self.media_root) if self.media_root else state / "media",
                 "step_storage": absolute(self.step_storage) if self.step_storage else state / "steps",
                 "workspace": absolute(self.workspace),
@@ -152,6 +165,24 @@ class ServerConfig(_Strict):
                 ),
             }
         )
+
+    def inference_config(self) -> Path:
+        """The inference YAML every process loads: the named one, or (when this server YAML lists
+        adapters) a copy with them under the state dir, written atomically and only on change."""
+        base = self.inference.config
+        if self.inference.adapters is None:
+            return base
+        data = yaml.safe_load(base.read_text()) or {}
+        data["adapters"] = [a.model_dump(mode="json") for a in self.inference.adapters]
+        text = f"# {base} with the adapters of the server YAML (written by the server; do not edit)\n"
+        text += yaml.safe_dump(data, sort_keys=False)
+        out = self.state_dir / "inference.yaml"
+        if not out.is_file() or out.read_text() != text:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(f".{out.name}.{os.getpid()}")
+            tmp.write_text(text)
+            tmp.replace(out)
+        return out
 
     @property
     def dagster_home(self) -> Path:

@@ -28,6 +28,7 @@ class Capabilities:
     guidance_range: tuple[float, float]
     max_frames: int = 1025
     video_to_video: bool = False  # a source video conditions the generation at a strength
+    adapters: tuple[str, ...] = ()  # LoRA adapters loaded beside the base weights, by name
 
     def check(self, req: GenerationRequest) -> None:
         """Raise CapabilityError naming the first field outside these capabilities."""
@@ -61,6 +62,11 @@ class Capabilities:
                 raise CapabilityError("strength", "applies to a source video; none was given")
             if not 0.0 < req.strength <= 1.0:
                 raise CapabilityError("strength", f"must be within (0, 1], got {req.strength}")
+        if req.lora is not None and req.lora not in self.adapters:
+            served = ", ".join(self.adapters) or "none"
+            raise CapabilityError("lora", f"no adapter {req.lora!r} is configured (configured: {served})")
+        if req.lora_scale is not None and req.lora is None:
+            raise CapabilityError("lora_scale", "applies to an adapter; none was selected")
         if len(req.memory) > self.max_reference_images:
             raise CapabilityError(
                 "memory",

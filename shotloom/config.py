@@ -38,8 +38,19 @@ class Paths(_Strict):
     )
 
 
+class Adapter(_Strict):
+    """A LoRA adapter loaded once beside the base weights; requests select it by ``name``."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", description="Nickname requests select it by."
+    )
+    path: Path = Field(description="Diffusers LoRA weights: a folder or a .safetensors file.")
+    scale: float = Field(default=1.0, ge=0, le=4, description="Default strength of the adapter.")
+
+
 class TinyCheckpoint(_Strict):
-    """Build a tiny random checkpoint at ``paths.checkpoint`` when it is missing."""
+    """Build a tiny random checkpoint at ``paths.checkpoint`` (and tiny random LoRAs at the
+    adapters' paths) when missing."""
 
     build_if_missing: bool = False
     seed: int = 0
@@ -151,8 +162,19 @@ class InferenceConfig(_Strict):
     memory: MemoryEstimates = MemoryEstimates()
     audio: Audio = Audio()
     tiny: TinyCheckpoint = TinyCheckpoint()
+    adapters: list[Adapter] = Field(
+        default_factory=list, description="LoRA adapters loaded at start; switching never reloads the base."
+    )
 
     source: Path | None = Field(default=None, exclude=True)
+
+    @field_validator("adapters")
+    @classmethod
+    def _unique_adapters(cls, v: list[Adapter]) -> list[Adapter]:
+        names = [a.name for a in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"adapter names must be unique, got {names}")
+        return v
 
 
 def resolve_config_path(path: str | Path | None = None) -> Path:
@@ -173,5 +195,8 @@ def load_inference_config(path: str | Path | None = None) -> InferenceConfig:
     for name in ("checkpoint", "cache_dir"):
         p = Path(getattr(cfg.paths, name)).expanduser()
         setattr(cfg.paths, name, p if p.is_absolute() else (REPO_ROOT / p).resolve())
+    for adapter in cfg.adapters:
+        p = adapter.path.expanduser()
+        adapter.path = p if p.is_absolute() else (REPO_ROOT / p).resolve()
     cfg.source = cfg_path
     return cfg

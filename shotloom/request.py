@@ -33,6 +33,9 @@ class GenerationRequest:
     # are where denoising starts (strength 1: the source is ignored; lower: closer to it).
     source_video: Path | None = None
     strength: float | None = None
+    # A configured LoRA adapter (by name) and its scale; None: the base weights alone.
+    lora: str | None = None
+    lora_scale: float | None = None
 
     def to_json(self) -> dict:
         data = asdict(self)

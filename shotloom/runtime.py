@@ -81,7 +81,9 @@ class ModelRuntime:
             if self._adapter is None:
                 from shotloom.families import adapter_class
 
-                self._adapter = adapter_class(self.cfg.family).load(self.cfg, self.device)
+                adapter = adapter_class(self.cfg.family).load(self.cfg, self.device)
+                adapter.load_adapters()
+                self._adapter = adapter
                 self.loads += 1
             return self._adapter
 
@@ -228,6 +230,8 @@ class ModelRuntime:
         memory: list[MemorySlot] | tuple[MemorySlot, ...] = (),
         source_video: Path | None = None,
         strength: float | None = None,
+        lora: str | None = None,
+        lora_scale: float | None = None,
     ) -> GenerationRequest:
         """Fill unset fields from the inference YAML's defaults (never rounds what was asked)."""
         d = self.cfg.defaults
@@ -245,6 +249,8 @@ class ModelRuntime:
             memory=tuple(memory),
             source_video=source_video,
             strength=(strength if strength is not None else d.strength) if source_video else strength,
+            lora=lora,
+            lora_scale=lora_scale,
         )
 
     def check(self, req: GenerationRequest) -> None:
@@ -291,7 +297,8 @@ class ModelRuntime:
     ):
         self.prepare_generator(on_stage)
         on_stage(stages.INFERRING)
-        return self.adapter.denoise(cond, req, progress)
+        with self.adapter.using_adapter(req.lora, req.lora_scale):
+            return self.adapter.denoise(cond, req, progress)
 
     def decode(
         self,

@@ -76,14 +76,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_server_yaml(path: Path, state: Path, port: int, inference: Path, workers: int = 2, **extra) -> Path:
+def write_server_yaml(
+    path: Path,
+    state: Path,
+    port: int,
+    inference: Path,
+    workers: int = 2,
+    adapters: list | None = None,
+    **extra,
+) -> Path:
     """A server YAML with ``workers`` one-thread CPU workers (warm) on a temp state dir and free ports."""
     from orchestration.server_config import ServerConfig
 
     data = {
         "state_dir": str(state),
         "webserver": {"host": "127.0.0.1", "port": port},
-        "inference": {"config": str(inference)},
+        "inference": {"config": str(inference), **({"adapters": adapters} if adapters is not None else {})},
         "workers": {"warm": True, "devices": [{"device": "cpu", "threads": 1}] * workers},
         "monitoring": {"poll_interval_seconds": 2},
         **extra,

@@ -184,6 +184,9 @@ class JobService:
             inputs[spec.source.field] = described
         if spec.strength is not None:
             config["strength"] = spec.strength
+        for key in ("lora", "lora_scale"):
+            if getattr(spec, key) is not None:
+                config[key] = getattr(spec, key)
         stitch, memory = None, []
         if spec.extends is not None:
             stitch, source_memory = self._extension(spec, caps, config, inputs)
@@ -249,6 +252,8 @@ class JobService:
             + ((MemorySlot(here),) if spec.extends else ()),
             source_video=here if spec.source else None,
             strength=spec.strength,
+            lora=spec.lora,
+            lora_scale=spec.lora_scale,
         )
         try:
             caps.check(gen)

@@ -71,6 +71,8 @@ class ShotSpec:
     # An extension: the shot continues this video (its first frame the video's last, the video in
     # its memory) and the run appends it to the video, answering the stitched film.
     extends: SourceRef | None = None
+    lora: str | None = None  # a configured LoRA adapter, by name
+    lora_scale: float | None = None
     job_id: str | None = None
     callback_url: str | None = None
     callback_context: dict[str, Any] | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -69,9 +69,12 @@ class ExtraParams(_Strict):
 
 
 class LoraSelector(_Strict):
-    name: str = Field(min_length=1)
-    path: str | None = None
-    scale: float | None = None
+    """A LoRA adapter configured on the server, by name (``path`` is refused: adapters are loaded
+    once at start, never from a request)."""
+
+    name: str = Field(min_length=1, max_length=64)
+    path: str | None = Field(default=None, description="Refused: adapters are configured on the server.")
+    scale: float | None = Field(default=None, ge=0, le=4, description="Default: the configured scale.")
 
 
 Reference = str | ReferenceObject
@@ -171,12 +174,7 @@ class VideoCreateRequest(_Strict):
     ) -> ShotSpec:
         """The dialect-neutral shot: fields the client set, then the operator's ``default_request``,
         then the model's preset; every value checked against what the model can honour."""
-        if self.model is not None and self.model != model.id:
-            raise NotFound(
-                f"the model {self.model!r} is not served here (served: {model.id})",
-                "model",
-                "model_not_found",
-            )
+        lora, lora_scale = self._adapter(model)
         self._refuse_unsupported(uploads)
         caps = model.caps
         layers = [self.geometry(), operator.geometry() if operator else {}]
@@ -250,6 +248,8 @@ class VideoCreateRequest(_Strict):
             source=source,
             strength=self.strength,
             extends=extends,
+            lora=lora,
+            lora_scale=lora_scale,
             job_id=job_id,
             submitter=submitter,
             version_id=version_id,
@@ -262,16 +262,35 @@ class VideoCreateRequest(_Strict):
         )
 
     def _refuse_unsupported(self, uploads: dict[str, Path]) -> None:
-        if self.lora is not None:
-            raise InvalidField(
-                f"no LoRA adapter is served here, so {self.lora.name!r} cannot be selected", "lora"
-            )
         if self.guides is not None or any(
             k.startswith("guide")
             for k in uploads
             if k not in ("first_frame", "last_frame", "input_reference")
         ):
             raise InvalidField("the loaded model cannot condition on frames at chosen positions", "guides")
+
+    def _adapter(self, model: ServedModel) -> tuple[str | None, float | None]:
+        """The adapter this request selects, by ``model`` (an adapter's nickname) or ``lora``."""
+        served = [model.id, *model.adapters]
+        if self.model is not None and self.model not in served:
+            raise NotFound(
+                f"the model {self.model!r} is not served here (served: {', '.join(served)})",
+                "model",
+                "model_not_found",
+            )
+        by_model = self.model if self.model in model.adapters else None
+        if self.lora is None:
+            return by_model, None
+        if self.lora.path is not None:
+            raise InvalidField("adapters are configured on the server: select one by name", "lora.path")
+        if self.lora.name not in model.adapters:
+            configured = ", ".join(model.adapters) or "none"
+            raise InvalidField(
+                f"no adapter {self.lora.name!r} is configured (configured: {configured})", "lora"
+            )
+        if by_model is not None and by_model != self.lora.name:
+            raise InvalidField(f"the model {self.model!r} is itself an adapter; lora names another", "lora")
+        return self.lora.name, self.lora.scale
 
     def _source(self, given: SourceRef | None) -> SourceRef | None:
         """The source video: the route's (remix, edit, extension), or ``video_url``/``video_path``."""
@@ -360,6 +379,7 @@ class ServedModel:
     max_height: int
     default_work: str
     created: int
+    adapters: dict[str, float] = field(default_factory=dict)  # LoRA nickname -> its default scale
 
 
 def snap_frames(seconds: float, fps: int, multiple: int) -> int:
@@ -519,6 +539,7 @@ class ModelCard(BaseModel):
     capabilities: dict[str, Any] | None = None
     defaults: dict[str, Any] = Field(default_factory=dict)
     adapters: list[dict[str, Any]] = Field(default_factory=list)
+    parent: str | None = Field(default=None, description="An adapter's base model.")
 
 
 class ModelList(BaseModel):

@@ -185,7 +185,7 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
 
     @router.get("/models", response_model=ModelList)
     def list_models() -> ModelList:
-        return ModelList(data=[serving.model_card()])
+        return ModelList(data=serving.model_cards())
 
     @router.get("/models/{model}", response_model=ModelCard, responses=_ERRORS)
     def get_model(model: str) -> ModelCard:

@@ -222,6 +222,7 @@ class VideoServing:
             max_seconds=self.config.max_seconds,
             max_width=self.config.max_width,
             max_height=self.config.max_height,
+            adapters={a.name: a.scale for a in self.ctx.inference.adapters},
             default_work=self.config.default_work,
             created=int(self.ctx.inference.paths.checkpoint.stat().st_mtime)
             if self.ctx.inference.paths.checkpoint.exists()
@@ -243,6 +244,7 @@ class VideoServing:
             created=int(created),
             family=inf.family,
             capabilities=published,
+            adapters=[{"name": a.name, "scale": a.scale} for a in inf.adapters],
             defaults={
                 "size": f"{inf.defaults.width}x{inf.defaults.height}",
                 "num_frames": inf.defaults.num_frames,
@@ -253,12 +255,25 @@ class VideoServing:
             },
         )
 
+    def model_cards(self) -> list[ModelCard]:
+        """The served model, then one card per LoRA adapter (its nickname selects base + adapter)."""
+        base = self.model_card()
+        cards = [base]
+        for a in self.ctx.inference.adapters:
+            cards.append(
+                base.model_copy(
+                    update={"id": a.name, "parent": base.id, "adapters": [{"name": a.name, "scale": a.scale}]}
+                )
+            )
+        return cards
+
     def model(self, name: str) -> ModelCard:
-        if name != self.model_id():
+        found = next((card for card in self.model_cards() if card.id == name), None)
+        if found is None:
             raise OpenAIError(
                 404, f"the model {name!r} is not served here", param="model", code="model_not_found"
             )
-        return self.model_card()
+        return found
 
     # -- create ---------------------------------------------------------------------------------
     def parse(self, raw: dict[str, Any]) -> VideoCreateRequest:

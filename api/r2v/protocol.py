@@ -164,6 +164,13 @@ class MemorySlot(_Strict):
         return out
 
 
+class LoraChoice(_Strict):
+    """A LoRA adapter configured on the server (``GET /v1/models`` lists them)."""
+
+    name: NonEmptyStr
+    scale: float | None = Field(default=None, ge=0, le=4, description="Default: the configured scale.")
+
+
 class R2VRequest(_Strict):
     work_id: NonEmptyStr = Field(description="Logical project or sequence identifier.")
     shot_id: NonEmptyStr = Field(description="Identifier of the shot being generated.")
@@ -182,6 +189,7 @@ class R2VRequest(_Strict):
     width: PositiveInt | None = None
     height: PositiveInt | None = None
     seed: Annotated[int, Field(strict=True)] | None = None
+    lora: LoraChoice | None = Field(default=None, description="A configured LoRA adapter for this shot.")
 
     @field_validator("work_id", "shot_id", "prompt", "job_id")
     @classmethod
@@ -248,6 +256,8 @@ class R2VRequest(_Strict):
             memory_field="memory_slots",
             source=source,
             strength=strength,
+            lora=self.lora.name if self.lora else None,
+            lora_scale=self.lora.scale if self.lora else None,
             job_id=self.job_id,
             callback_url=_callback(self, callback_header),
             callback_context=self.callback_context,

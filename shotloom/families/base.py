@@ -10,7 +10,8 @@ so each can run in a different process from files on disk.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +94,7 @@ class FamilyAdapter(ABC):
         self.device = device
         self.encoder_counter = EncoderCounter()
         self.generator_loads = 0  # DiT reloads after a release (the first load is not counted)
+        self.adapter_loads = 0  # LoRA files read (once per adapter, again only after a DiT reload)
         self._generator_classes: dict[str, type] = {}
         self._generator_configs: dict[str, object] = {}  # configs stay readable while released
 
@@ -115,6 +117,44 @@ class FamilyAdapter(ABC):
     def check(self, req: GenerationRequest) -> None:
         """Raise CapabilityError before any work. Families may add rules."""
         self.capabilities.check(req)
+
+    def adapter_names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.cfg.adapters)
+
+    # -- adapters (LoRA) ------------------------------------------------------------------------
+    def load_adapters(self) -> None:
+        """Load every configured LoRA into the DiT once (diffusers' adapter API), all switched off;
+        a request switches one on by name (``using_adapter``) without touching the base weights.
+        Tiny random LoRAs are built first where missing and the YAML allows it."""
+        from shotloom.families.weights import build_tiny_lora
+
+        for i, adapter in enumerate(self.cfg.adapters):
+            if not adapter.path.exists():
+                if not self.cfg.tiny.build_if_missing:
+                    raise FileNotFoundError(f"adapters[{i}].path: {adapter.path} does not exist")
+                build_tiny_lora(self.cfg.paths.checkpoint, adapter.path, seed=self.cfg.tiny.seed + i + 1)
+            self.pipe.load_lora_weights(str(adapter.path), adapter_name=adapter.name)
+            self.adapter_loads += 1
+        if self.cfg.adapters:
+            self.pipe.disable_lora()
+
+    @contextmanager
+    def using_adapter(self, name: str | None, scale: float | None) -> Iterator[None]:
+        """The named adapter on at ``scale`` (its configured scale by default) for one stage; none:
+        the base weights alone. Always switched off again after."""
+        if not self.cfg.adapters:
+            yield
+            return
+        if name is None:
+            self.pipe.disable_lora()
+        else:
+            default = next(a.scale for a in self.cfg.adapters if a.name == name)
+            self.pipe.enable_lora()
+            self.pipe.set_adapters([name], [default if scale is None else scale])
+        try:
+            yield
+        finally:
+            self.pipe.disable_lora()
 
     def encoder_identity(self) -> str:
         """Identity of the encoder stack, part of every conditioning cache key."""
@@ -219,7 +259,7 @@ class FamilyAdapter(ABC):
 
         from shotloom.families.weights import place_module
 
-        changed = False
+        changed = reloaded = False
         for name in self.generator_names():
             module = getattr(self.pipe, name, None)
             if module is None and name in self._generator_classes:
@@ -230,10 +270,13 @@ class FamilyAdapter(ABC):
                 place_module(name, module, self.device, self.cfg.offload)
                 self.generator_loads += 1
                 changed = True
+                reloaded = True
             elif isinstance(module, torch.nn.Module) and not self.cfg.offload:
                 if next(module.parameters()).device != torch.device(self.device):
                     module.to(self.device)
                     changed = True
+        if reloaded:
+            self.load_adapters()  # a DiT read back from the checkpoint has no adapters yet
         return changed
 
     def generator_dtype(self):

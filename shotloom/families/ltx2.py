@@ -439,6 +439,7 @@ class LTX2Adapter(FamilyAdapter):
             frame_multiple=pipe.vae_temporal_compression_ratio * pipe.transformer_temporal_patch_size,
             size_multiple=math.lcm(SIZE_MULTIPLE, spatial),
             video_to_video=True,
+            adapters=self.adapter_names(),
             fps=FPS,
             guidance_range=GUIDANCE_RANGE,
         )

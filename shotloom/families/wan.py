@@ -259,6 +259,7 @@ class WanAdapter(FamilyAdapter):
             fps=FPS,
             guidance_range=GUIDANCE_RANGE,
             video_to_video=True,
+            adapters=self.adapter_names(),
         )
 
     def check(self, req: GenerationRequest) -> None:

@@ -71,6 +71,32 @@ def build_checkpoint(out_dir: Path, seed: int, make_pipeline) -> Path:
     return out_dir
 
 
+LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]  # the DiTs' attention projections (Wan, LTX-2)
+
+
+def build_tiny_lora(checkpoint: Path, out: Path, seed: int, rank: int = 4) -> Path:
+    """A random LoRA for a checkpoint's DiT, written by the pipeline's own ``save_lora_weights``
+    (the diffusers on-disk format real adapters use). Non-zero B matrices: it changes outputs."""
+    import json
+
+    import diffusers
+    from peft import LoraConfig, get_peft_model_state_dict
+
+    index = json.loads((Path(checkpoint) / MODEL_INDEX).read_text())
+    pipe_cls = getattr(diffusers, index["_class_name"])
+    dit = getattr(diffusers, index["transformer"][1]).from_pretrained(
+        str(Path(checkpoint) / "transformer"), local_files_only=True
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        config = LoraConfig(r=rank, lora_alpha=rank, target_modules=LORA_TARGETS, init_lora_weights=False)
+        dit.add_adapter(config)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    pipe_cls.save_lora_weights(str(out), transformer_lora_layers=get_peft_model_state_dict(dit))
+    return out
+
+
 def ensure_checkpoint(cfg, build) -> Path:
     """The checkpoint folder; build the tiny one first when missing and the YAML allows it."""
     ckpt = Path(cfg.paths.checkpoint)
