@@ -91,9 +91,21 @@ def build_tiny_lora(checkpoint: Path, out: Path, seed: int, rank: int = 4) -> Pa
         torch.manual_seed(seed)
         config = LoraConfig(r=rank, lora_alpha=rank, target_modules=LORA_TARGETS, init_lora_weights=False)
         dit.add_adapter(config)
+    import tempfile
+
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    pipe_cls.save_lora_weights(str(out), transformer_lora_layers=get_peft_model_state_dict(dit))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:  # published by one rename: workers building the same adapter at once never see half of it
+        pipe_cls.save_lora_weights(str(tmp), transformer_lora_layers=get_peft_model_state_dict(dit))
+        tmp.chmod(0o755)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not out.exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
