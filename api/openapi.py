@@ -20,6 +20,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 
+from api.openai.images import ImageRequest
 from api.openai.protocol import CharacterCreateRequest, ServedModel, VideoCreateRequest, snap_frames
 
 URL_PATTERN = r"^(data:|https?://|file://|/)"
@@ -52,6 +53,23 @@ def full_document(app: FastAPI) -> dict[str, Any]:
     character["properties"]["video"] = {**_BY_ID, "description": "A completed video of this server."}
     character["required"] = ["name", "video"]
     components["CharacterCreateRequest"] = character
+    image = ImageRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    components.update(image.pop("$defs", {}))
+    components["ImageRequest"] = image
+    image_form = copy.deepcopy(image)
+    image_form["title"] = "ImageEditForm"
+    image_form["properties"]["image"] = {
+        "type": "string",
+        "format": "binary",
+        "description": "A reference image.",
+    }
+    image_form["properties"].pop("lora", None)
+    image_form["patternProperties"] = {
+        r"^image\[\]$": {"type": "string", "format": "binary"},
+        r"^lora\[": {"type": "string"},
+    }
+    image_form["required"] = ["prompt", "image"]
+    components["ImageEditForm"] = image_form
     components["CharacterCreateForm"] = {
         "title": "CharacterCreateForm",
         "type": "object",

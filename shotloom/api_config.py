@@ -56,6 +56,9 @@ class OpenAIConfig(_Strict):
     )
     max_seconds: float = Field(default=15.0, gt=0, description="Longest clip a request may ask for.")
     max_width: int = Field(default=1280, gt=0, description="Widest frame a request may ask for.")
+    images_max_n: int = Field(
+        default=4, ge=1, le=16, description="Most images one /v1/images request may ask for."
+    )
     max_height: int = Field(default=1280, gt=0, description="Tallest frame a request may ask for.")
     default_request: dict[str, Any] = Field(
         default_factory=dict,

@@ -29,6 +29,10 @@ class Capabilities:
     max_frames: int = 1025
     video_to_video: bool = False  # a source video conditions the generation at a strength
     adapters: tuple[str, ...] = ()  # LoRA adapters loaded beside the base weights, by name
+    # Family rules that depend on the clip's length, here so the API refuses them at admission:
+    references_per_latent_frame: bool = False  # at most one reference per latent frame (Wan VACE)
+    anchors_need_two_latent_frames: bool = False  # last frame / references need num_frames > multiple
+    max_audio_references: int | None = None  # memory slots that may carry audio (None: no limit)
 
     def check(self, req: GenerationRequest) -> None:
         """Raise CapabilityError naming the first field outside these capabilities."""
@@ -75,3 +79,19 @@ class Capabilities:
         for i, slot in enumerate(req.memory):
             if slot.audio is not None and not self.audio_in:
                 raise CapabilityError(f"memory[{i}].audio", "this model family does not take audio input")
+        if self.references_per_latent_frame:
+            limit = (n - 1) // self.frame_multiple + 1
+            if len(req.memory) > limit:
+                raise CapabilityError(
+                    "memory", f"at most {limit} reference images for {n} frames, got {len(req.memory)}"
+                )
+        if self.anchors_need_two_latent_frames and n <= self.frame_multiple:
+            for field, given in (("last_frame", req.last_frame is not None), ("memory", bool(req.memory))):
+                if given:
+                    raise CapabilityError(field, f"needs num_frames >= {self.frame_multiple + 1}, got {n}")
+        with_audio = [i for i, slot in enumerate(req.memory) if slot.audio is not None]
+        if self.max_audio_references is not None and len(with_audio) > self.max_audio_references:
+            raise CapabilityError(
+                f"memory[{with_audio[self.max_audio_references]}].audio",
+                f"at most {self.max_audio_references} memory slot(s) may carry audio for this model",
+            )

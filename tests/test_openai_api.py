@@ -573,6 +573,36 @@ def test_an_adapter_by_model_nickname_or_lora_and_unconfigured_ones_refused(clie
     assert resp.status_code == 422 and "lora" in resp.text
 
 
+def test_images_generate_and_edit_with_the_sdk(client, stack):
+    result = client.images.generate(
+        prompt="a red kite", n=2, size="64x64", response_format="b64_json", extra_body={"seed": 4}
+    )
+    pictures = [Image.open(io.BytesIO(base64.b64decode(d.b64_json))) for d in result.data]
+    assert [p.size for p in pictures] == [(64, 64), (64, 64)] and result.size == "64x64"
+    assert pictures[0].tobytes() != pictures[1].tobytes()  # seeds 4 and 5
+    # The same prompt and seed again, as a URL: the same image.
+    by_url = client.images.generate(
+        prompt="a red kite", size="64x64", response_format="url", extra_body={"seed": 4}
+    )
+    fetched = Image.open(io.BytesIO(stack.client.get(by_url.data[0].url).content))
+    assert fetched.tobytes() == pictures[0].tobytes()
+    edited = client.images.edit(
+        image=("ref.png", png_bytes(3), "image/png"), prompt="the kite in snow", size="64x64"
+    )
+    assert Image.open(io.BytesIO(base64.b64decode(edited.data[0].b64_json))).size == (64, 64)
+    # Images are not videos.
+    assert not any(v.id.startswith("img_") for v in client.videos.list(limit=100))
+
+    with pytest.raises(openai.BadRequestError) as info:
+        client.images.generate(prompt="x", n=5, size="64x64")
+    assert info.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as info:  # one frame of Wan VACE takes one reference
+        client.images.edit(
+            image=[("a.png", png_bytes(1), "image/png"), ("b.png", png_bytes(2), "image/png")], prompt="x"
+        )
+    assert info.value.body["param"] == "image"
+
+
 def test_edit_refusals_name_the_field(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.videos.edit(prompt="x", video=("clip.mp4", b"this is no video", "video/mp4"))

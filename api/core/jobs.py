@@ -107,9 +107,9 @@ class JobService:
             )
         return self.store.get(version_id)
 
-    def check_queue(self, kind: JobKind) -> None:
+    def check_queue(self, kind: JobKind, need: int = 1) -> None:
         queued = self.store.counts_by_status(kind)["queued"]
-        if queued >= self.api.max_queue:
+        if queued + need > self.api.max_queue:
             raise QueueFull(
                 f"the {kind} queue is full ({queued} queued, limit {self.api.max_queue})",
                 self.retry_after_s(),

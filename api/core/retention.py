@@ -20,7 +20,7 @@ from api.store import JobRecord, Store
 from shotloom.api_config import OpenAIConfig
 
 log = logging.getLogger("shotloom.api.retention")
-DIALECT = "openai"  # the dialect whose jobs the store bounds (R2V versions are kept as lineage)
+DIALECTS = ("openai", "images")  # whose jobs the store bounds (R2V versions are kept as lineage)
 
 
 class Retention:
@@ -55,21 +55,28 @@ class Retention:
         """Remove expired jobs, then evict the oldest finished outputs past the byte budget.
         Returns how many jobs were removed."""
         removed = 0
-        for job in self.store.finished_jobs(DIALECT, finished_before=self.cutoff()):
+        for job in self._finished(finished_before=self.cutoff()):
             if not self.needed(job):
                 self._remove(job)
                 removed += 1
-        used = self.store.output_bytes(DIALECT)
+        used = self._used()
         if used > self.cfg.store_max_bytes:
-            for job in self.store.finished_jobs(DIALECT):  # oldest first
+            for job in self._finished():  # oldest first
                 if used <= self.cfg.store_max_bytes:
                     break
                 if self.needed(job):
                     continue
-                used -= self.store.output_bytes(DIALECT, job.version_id)
+                used -= self.store.output_bytes(job.dialect, job.version_id)
                 self._remove(job)
                 removed += 1
         return removed
+
+    def _finished(self, finished_before: float | None = None) -> list[JobRecord]:
+        jobs = [j for d in DIALECTS for j in self.store.finished_jobs(d, finished_before=finished_before)]
+        return sorted(jobs, key=lambda j: j.finished_at or 0.0)
+
+    def _used(self) -> int:
+        return sum(self.store.output_bytes(d) for d in DIALECTS)
 
     def _remove(self, job: JobRecord) -> None:
         try:
@@ -82,7 +89,7 @@ class Retention:
 
     # -- room for uploads -----------------------------------------------------------------------
     def free_bytes(self) -> int:
-        return self.cfg.store_max_bytes - self.store.output_bytes(DIALECT) - self._reserved
+        return self.cfg.store_max_bytes - self._used() - self._reserved
 
     def reserve(self, size: int, what: str) -> None:
         """Hold ``size`` bytes for an upload arriving now (TooLarge when they do not fit)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-Dialect = Literal["r2v", "openai"]
+Dialect = Literal["r2v", "openai", "images"]  # images: /v1/images (one-frame runs)
 
 
 @dataclass(frozen=True)

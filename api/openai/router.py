@@ -22,6 +22,7 @@ from api.context import ApiContext
 from api.deps import submitter_dependency
 from api.openai.errors import ErrorBody, OpenAIError
 from api.openai.forms import FormError, unflatten
+from api.openai.images import ImageServing, ImagesResponse, image_id
 from api.openai.protocol import (
     CharacterObject,
     ModelCard,
@@ -80,6 +81,26 @@ _CHARACTER_BODY = {
         },
     }
 }
+_IMAGE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_CREATE_ERRORS,
+    500: {"model": ErrorBody, "description": "A generation failed."},
+    504: {"model": ErrorBody, "description": "Not done in time: poll the named image instead."},
+}
+_IMAGE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/ImageRequest"}},
+            "multipart/form-data": {"schema": {"$ref": "#/components/schemas/ImageRequest"}},
+        },
+    }
+}
+_IMAGE_EDIT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"multipart/form-data": {"schema": {"$ref": "#/components/schemas/ImageEditForm"}}},
+    }
+}
 _CREATE_BODY = {
     "requestBody": {
         "required": True,
@@ -113,6 +134,8 @@ async def read_request(request: Request, spool: Path) -> tuple[dict[str, Any], d
         uploads: dict[str, Path] = {}
         for key, value in form.multi_items():
             if isinstance(value, UploadFile):
+                if key.endswith("[]"):  # a list of files (the SDK's image[] parts): image[0], image[1]...
+                    key = f"{key[:-2]}[{sum(1 for k in uploads if k.startswith(key[:-2] + '['))}]"
                 if key in uploads:
                     raise OpenAIError(400, f"{key}: one file per field", param=key, code="invalid_value")
                 path = spool / f"{len(uploads)}-{Path(value.filename or 'upload').name}"
@@ -147,6 +170,7 @@ def openai_submitter(keys: KeyRing) -> Callable[..., str]:
 
 def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
     submitter = openai_submitter(ctx.keys)
+    pictures = ImageServing(ctx, serving)
     router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(submitter)])
 
     def video_response(video: Video, status: int = 200) -> Response:
@@ -177,6 +201,27 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
     ) -> JobRecord:
         job, _created = await with_body(request, handle)
         return job
+
+    async def settle(request: Request, jobs: list[JobRecord], poll: str) -> list[JobRecord] | None:
+        """Wait until every job has finished (None: the client left, and they were cancelled);
+        past the configured wait, 504 naming where to poll instead."""
+        deadline = time.monotonic() + ctx.api.openai.sync_timeout_seconds
+        while any(j.status in ("queued", "running") for j in jobs):
+            if await request.is_disconnected():  # nobody waits for them any more
+                for j in jobs:
+                    await run_in_threadpool(ctx.jobs.cancel, j.version_id)
+                return None
+            if time.monotonic() > deadline:
+                raise OpenAIError(
+                    504,
+                    f"not finished within {ctx.api.openai.sync_timeout_seconds:g} s; poll GET {poll} instead",
+                    param=None,
+                    code="timeout",
+                    headers={"Location": poll},
+                )
+            await asyncio.sleep(SYNC_POLL_S)
+            jobs = [ctx.store.get(j.version_id) for j in jobs]
+        return jobs
 
     def creating(idempotency_key: str | None, who: str):
         return lambda raw, uploads, digests: serving.create(
@@ -230,22 +275,10 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
         """Generate and answer with the MP4 itself; the server keeps no copy."""
         job = await accept(request, creating(idempotency_key, who))
         vid = f"video_{job.version_id}"
-        deadline = time.monotonic() + ctx.api.openai.sync_timeout_seconds
-        while job.status in ("queued", "running"):
-            if await request.is_disconnected():  # nobody waits for it any more
-                await run_in_threadpool(ctx.jobs.cancel, job.version_id)
-                return Response(status_code=499)
-            if time.monotonic() > deadline:
-                raise OpenAIError(
-                    504,
-                    f"{vid} did not finish within {ctx.api.openai.sync_timeout_seconds:g} s; "
-                    f"poll GET /v1/videos/{vid} instead",
-                    param=None,
-                    code="timeout",
-                    headers={"Location": f"/v1/videos/{vid}"},
-                )
-            await asyncio.sleep(SYNC_POLL_S)
-            job = ctx.store.get(job.version_id)
+        settled = await settle(request, [job], f"/v1/videos/{vid}")
+        if settled is None:
+            return Response(status_code=499)
+        job = settled[0]
         video = serving.video(job)
         if job.status != "succeeded":
             status = video.error.status if video.error else 500
@@ -323,6 +356,59 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
             request, lambda raw, up, dg: serving.remix(video_id, raw, up, dg, idempotency_key, who)
         )
         return video_response(view(job))
+
+    # -- images -------------------------------------------------------------------------------
+    async def images(request: Request, idempotency_key: str | None, who: str, edit: bool) -> Response:
+        req, jobs = await with_body(
+            request, lambda raw, up, dg: pictures.accept(raw, up, dg, idempotency_key, who, edit)
+        )
+        settled = await settle(request, jobs, f"/v1/images/{image_id(jobs[0].version_id)}/content")
+        if settled is None:
+            return Response(status_code=499)
+        failed = next((j for j in settled if j.status != "succeeded"), None)
+        if failed is not None:
+            raise OpenAIError(
+                500, failed.error or f"the generation {failed.status}", code="generation_failed"
+            )
+        body = await run_in_threadpool(pictures.response, req, settled)
+        return Response(body.model_dump_json(exclude_none=True), media_type="application/json")
+
+    for path in ("/images", "/images/generations"):
+
+        @router.post(path, response_model=ImagesResponse, responses=_IMAGE_ERRORS, openapi_extra=_IMAGE_BODY)
+        async def generate_images(
+            request: Request,
+            idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+            who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
+        ) -> Response:
+            """`n` images (one-frame generations), answered when they are done."""
+            return await images(request, idempotency_key, who, edit=False)
+
+    @router.post(
+        "/images/edits",
+        response_model=ImagesResponse,
+        responses=_IMAGE_ERRORS,
+        openapi_extra=_IMAGE_EDIT_BODY,
+    )
+    async def edit_images(
+        request: Request,
+        idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+        who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
+    ) -> Response:
+        """Images from a prompt and reference images (`image` file parts)."""
+        return await images(request, idempotency_key, who, edit=True)
+
+    @router.get(
+        "/images/{image_id}/content",
+        response_class=FileResponse,
+        responses={
+            200: {"content": {"image/png": {}}, "description": "The PNG."},
+            409: {"model": ErrorBody, "description": "not_ready"},
+            **_ERRORS,
+        },
+    )
+    def get_image(image_id: str) -> Response:
+        return FileResponse(pictures.content(image_id), media_type="image/png", filename=f"{image_id}.png")
 
     @router.get("/videos", response_model=VideoList, responses=_ERRORS)
     def list_videos(

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from api.context import ApiContext
 from api.core.errors import EncoderMissing, InvalidField, NotFound, ServiceError, Unavailable
-from api.core.specs import InputRef, SourceRef
+from api.core.specs import InputRef, ShotSpec, SourceRef
 from api.core.views import JobViews
 from api.health import missing_encoders
 from api.openai.errors import OpenAIError, validation_error
@@ -292,6 +292,23 @@ class VideoServing:
     ) -> tuple[JobRecord, bool]:
         """Queue a video; ``source``: the video it starts from (remix, edit), ``recorded``: more
         of the request to keep and show back (and to tell idempotent replays apart)."""
+        spec = self.spec(req, uploads, upload_digests, idempotency_key, submitter, source, recorded, extends)
+        with openai_errors():
+            accepted = self.jobs.accept_shot(spec)
+            return accepted.job, accepted.created
+
+    def spec(
+        self,
+        req: VideoCreateRequest,
+        uploads: dict[str, Path],
+        upload_digests: dict[str, str],
+        idempotency_key: str | None,
+        submitter: str | None = None,
+        source: SourceRef | None = None,
+        recorded: dict[str, Any] | None = None,
+        extends: SourceRef | None = None,
+    ) -> ShotSpec:
+        """The shot a request asks for, checked against the served model (nothing queued yet)."""
         with openai_errors():
             if not self.ctx.follower.started:
                 raise Unavailable("the service is starting")
@@ -319,8 +336,7 @@ class VideoServing:
                     client={**spec.client, **recorded},
                     idempotency_payload={**spec.idempotency_payload, **recorded},
                 )
-            accepted = self.jobs.accept_shot(spec)
-            return accepted.job, accepted.created
+            return spec
 
     # -- video from video -------------------------------------------------------------------------
     def remix(

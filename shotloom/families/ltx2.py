@@ -440,22 +440,11 @@ class LTX2Adapter(FamilyAdapter):
             size_multiple=math.lcm(SIZE_MULTIPLE, spatial),
             video_to_video=True,
             adapters=self.adapter_names(),
+            anchors_need_two_latent_frames=True,  # one latent frame: nothing after the first to anchor
+            max_audio_references=1,  # LTX-2 conditions on one audio track
             fps=FPS,
             guidance_range=GUIDANCE_RANGE,
         )
-
-    def check(self, req: GenerationRequest) -> None:
-        super().check(req)
-        multiple = self.capabilities.frame_multiple
-        if req.num_frames <= multiple:  # one latent frame: nothing after the first frame to anchor
-            for field, given in (("last_frame", req.last_frame is not None), ("memory", bool(req.memory))):
-                if given:
-                    raise CapabilityError(field, f"needs num_frames >= {multiple + 1}, got {req.num_frames}")
-        with_audio = [i for i, slot in enumerate(req.memory) if slot.audio is not None]
-        if len(with_audio) > 1:
-            raise CapabilityError(
-                f"memory[{with_audio[1]}].audio", "LTX-2 conditions on one audio track: give it in one slot"
-            )
 
     # -- encode ---------------------------------------------------------------------------------
     @torch.no_grad()

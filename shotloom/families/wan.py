@@ -260,20 +260,13 @@ class WanAdapter(FamilyAdapter):
             guidance_range=GUIDANCE_RANGE,
             video_to_video=True,
             adapters=self.adapter_names(),
+            references_per_latent_frame=kind == VACE,  # VACE prepends one latent frame per reference
         )
 
     def check(self, req: GenerationRequest) -> None:
         super().check(req)
         if self.kind == I2V and req.first_frame is None:
             raise CapabilityError("first_frame", "this image-to-video checkpoint needs a first frame")
-        if self.kind == VACE:
-            # VACE prepends one latent frame per reference; it takes at most one per latent frame.
-            limit = (req.num_frames - 1) // self.pipe.vae_scale_factor_temporal + 1
-            if len(req.memory) > limit:
-                raise CapabilityError(
-                    "memory",
-                    f"at most {limit} reference images for {req.num_frames} frames, got {len(req.memory)}",
-                )
 
     # -- encode ---------------------------------------------------------------------------------
     @torch.no_grad()
