@@ -145,7 +145,6 @@ def test_seconds_snap_up_to_the_frame_grid(seconds, fps, frames):
         ({"negative_prompt": "blur"}, "negative_prompt"),
         ({"lora": {"name": "x"}}, "lora"),
         ({"video_path": "/x.mp4", "video_url": "http://x/a.mp4"}, "video_path"),
-        ({"characters": ["char_1"]}, "characters"),
         ({"image_reference": [{"file_id": "f"}]}, "image_reference[0].file_id"),
         ({"image_reference": [{"video_url": "http://x/a.mp4"}]}, "image_reference[0].video_url"),
         ({"first_frame": "data:,x", "reference_url": "http://x/a.png"}, "reference_url"),
@@ -175,6 +174,7 @@ def test_an_unknown_model_is_404_model_not_found():
         ({"prompt": "p", "extra_params": {"vsa_mode": "x"}}, "extra_params.vsa_mode"),
         ({"prompt": "p", "first_frame": {"image_url": "a", "bogus": 1}}, "first_frame.bogus"),
         ({"prompt": "p", "whatever": 1}, "whatever"),
+        ({"prompt": "p", "characters": ["char_1"]}, "characters[0]"),
     ],
 )
 def test_validation_errors_become_one_400_naming_the_field(body, param):
