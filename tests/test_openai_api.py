@@ -528,6 +528,8 @@ def test_characters_from_an_upload_and_by_id_then_used_in_a_later_video(
         poll_interval_ms=300,
     )
     assert video.status == "completed", video.error
+    info = decode(client.videos.download_content(video.id).read(), tmp_path)
+    assert (info.frames, info.width, info.height) == (17, 64, 64) and info.has_audio
     inputs = stack.get(f"/version/{video.model_extra['shotloom']['version_id']}").json()["request"]["inputs"]
     assert inputs["characters[0]"]["image"]["sha256"] == got.model_extra["shotloom"]["frame_sha256"]
     assert inputs["characters[0]"]["audio"] is None  # Wan takes no audio: the character's track stays out
