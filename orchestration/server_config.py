@@ -230,7 +230,9 @@ class ServerConfig(_Strict):
                 "max_retries": self.retries.max_retries,
                 "retry_on_asset_or_op_failure": False,
             },
+            # Nothing in the UI asks an operator to sign up for anything, and nothing phones home.
             "telemetry": {"enabled": False},
+            "nux": {"enabled": False},
         }
 
     def write_dagster_yaml(self) -> Path:

@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
 
 from api_stack import ApiStack, free_port, start_api_stack, stop_api_stack, wait_for
@@ -109,6 +110,12 @@ def test_health_reports_every_part_ready(api):
     assert body["ffmpeg_available"] is True
     assert body["inference"]["residency"] == "auto"
     assert "swagger" in api.get("/docs").text.lower()
+
+
+def test_the_dagster_ui_asks_no_one_to_sign_up(api):
+    web = yaml.safe_load(api.config.read_text())["webserver"]
+    answer = httpx.post(f"http://{web['host']}:{web['port']}/graphql", json={"query": "{ shouldShowNux }"})
+    assert answer.json()["data"]["shouldShowNux"] is False  # no "Join the Dagster community" dialog
 
 
 def test_r2v_with_inline_first_frame_succeeds_and_calls_back(api, receiver):

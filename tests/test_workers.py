@@ -101,6 +101,8 @@ def test_generated_dagster_yaml_builds_the_instance(tmp_path):
         assert dequeuer.interval_seconds == 0.5
         assert coordinator.get_run_queue_config().tag_concurrency_limits == [{"key": GPU_TAG, "limit": 3}]
         assert instance.run_monitoring_enabled and instance.run_monitoring_max_resume_run_attempts > 0
+        # No "Join the Dagster community" dialog on a fresh state dir, no telemetry.
+        assert not instance.nux_enabled and not instance.telemetry_enabled
     shipped = ServerConfig.load(REPO / "configs" / "server.cpu.yaml")
     assert [(d.device, d.threads) for d in shipped.workers.devices] == [("cpu", 1), ("cpu", 1)]
     assert shipped.inference.config == REPO / "configs" / "inference.wan-tiny.yaml"
