@@ -2,13 +2,14 @@
 
 from pathlib import Path
 
-from dagster import AssetMaterialization, Config, In, OpExecutionContext, Out, Output, op
+from dagster import AssetMaterialization, Config, In, MetadataValue, OpExecutionContext, Out, Output, op
 from pydantic import Field
 
 from ops.assets import FILM_KEY, register_work_partition
 from ops.types import FilmArtifact, ShotArtifact
 from resources.media_store import MediaStoreResource
 from shotloom import stages
+from shotloom.stages import VERSION_TAG
 
 # Frames in the film's spritesheet (3x3). A constant: the merge job has no inference YAML, whose
 # defaults.spritesheet_frames sets the shots' count.
@@ -21,6 +22,9 @@ class MergeConfig(Config):
         min_length=1, description="MP4s in order: paths relative to the media root, or absolute."
     )
     shot_ids: list[str] = Field(default_factory=list, description="Shot ids of the inputs, for metadata.")
+    versions: list[str] = Field(
+        default_factory=list, description="Service versions of the inputs (lineage: film -> shots)."
+    )
 
 
 class StitchConfig(Config):
@@ -30,12 +34,15 @@ class StitchConfig(Config):
     before: list[str] = Field(min_length=1, description="MP4s that come before the shot, in order.")
     shot_ids: list[str] = Field(default_factory=list, description="Shot ids of those MP4s, for metadata.")
     before_frames: int = Field(default=0, ge=0, description="Their frames in all (what readers expect).")
+    versions: list[str] = Field(default_factory=list, description="Service versions of those MP4s (lineage).")
 
 
 @op(out=Out(FilmArtifact), tags={"stage": "merging"})
 def merge_op(context: OpExecutionContext, config: MergeConfig, media: MediaStoreResource):
     """Stream-copy video when encoder settings match (else re-encode); audio re-encoded once, in sync."""
-    yield from _film(context, media, config.work_id, config.inputs, list(config.shot_ids))
+    yield from _film(
+        context, media, config.work_id, config.inputs, list(config.shot_ids), list(config.versions)
+    )
 
 
 @op(ins={"shot": In(ShotArtifact)}, out=Out(FilmArtifact), tags={"stage": "merging"})
@@ -43,8 +50,15 @@ def stitch_op(
     context: OpExecutionContext, config: StitchConfig, shot: ShotArtifact, media: MediaStoreResource
 ):
     """Append the shot just written to the clips before it: one film, by the merge path."""
+    # The new shot's version is the run's own (its tag): a film made by one run lists it by run.
+    versions = [*config.versions, context.run.tags.get(VERSION_TAG, context.run_id)]
     yield from _film(
-        context, media, config.work_id, [*config.before, shot.path], [*config.shot_ids, shot.shot_id]
+        context,
+        media,
+        config.work_id,
+        [*config.before, shot.path],
+        [*config.shot_ids, shot.shot_id],
+        versions,
     )
 
 
@@ -54,6 +68,7 @@ def _film(
     work_id: str,
     paths: list[str],
     shot_ids: list[str],
+    versions: list[str],
 ):
     from shotloom.media import merge_mp4
 
@@ -84,6 +99,7 @@ def _film(
             **{k: v for k, v in artifact.__dict__.items() if k != "shots"},
             "size": f"{artifact.width}x{artifact.height}",
             "shots": ", ".join(shot_ids) or ", ".join(paths),
+            "versions": MetadataValue.json(versions),  # lineage: the versions of its shots, in order
             **stills,
         },
     )

@@ -8,12 +8,14 @@ on a device worker every run reuses the same loaded weights.
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from dagster import (
     AssetMaterialization,
     Config,
     Failure,
     In,
+    MetadataValue,
     OpExecutionContext,
     Out,
     Output,
@@ -62,6 +64,11 @@ class ShotConfig(Config):
     )
     lora: str | None = Field(default=None, description="A LoRA adapter of the inference YAML, by name.")
     lora_scale: float | None = Field(default=None, description="Its scale; default: the configured one.")
+    lineage: dict[str, Any] = Field(
+        default_factory=dict,
+        description="What the shot is made from: inputs (content hashes, the versions and characters "
+        "they came from), derived_from (versions), adapter. Recorded on the shot's materialization.",
+    )
 
 
 def _request(bundle) -> GenerationRequest:
@@ -168,6 +175,7 @@ def condition_op(
         work_id=config.work_id,
         shot_id=config.shot_id,
         cache_hit=hit,
+        lineage=config.lineage,
     )
     bundle.meta["timings"] = _timed({}, "condition", start)
     context.log.info(f"conditioning cache {'hit' if hit else 'miss'} ({bundle.meta['cache_key'][:12]})")
@@ -243,6 +251,10 @@ def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource
             "cache_hit": bool(decoded.meta.get("cache_hit")),
             "stage_timings": timings,
             "peak_memory_mb": round(peak_mb, 1),
+            # Lineage: what it was made from (hashes, earlier versions, characters) and with what.
+            "inputs": MetadataValue.json(decoded.meta.get("lineage", {}).get("inputs", {})),
+            "derived_from": MetadataValue.json(decoded.meta.get("lineage", {}).get("derived_from", [])),
+            "adapter": decoded.meta.get("lineage", {}).get("adapter") or "",
             "peak_memory_kind": peak_kind,
             **stills,
         },

@@ -17,6 +17,7 @@ import json
 import time
 
 STAGE_TAG = "shotloom/stage"
+VERSION_TAG = "shotloom/version_id"  # the service version a run makes (set by the API on every run)
 STAGE_AT_PREFIX = "shotloom/stage_at/"
 PROGRESS_TAG = "shotloom/progress"
 ADMISSION_TAG = "shotloom/admission_plan"

@@ -277,3 +277,26 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
 
     missing = api.post("/merge", {"work_id": "film", "shots": [{"version_id": "nope"}]})
     assert missing.status_code == 409 and missing.json()["error"].startswith("shots[0].version_id")
+
+    # Lineage, walked through Dagster's GraphQL as an operator's tool would: the film's
+    # materialization names its shots' versions; each version's run recorded its shot with the
+    # inputs it was conditioned on (content hashes, and the earlier version a memory slot came from).
+    from api.dagster_client import DagsterGateway
+    from shotloom.stages import VERSION_TAG
+
+    web = yaml.safe_load(api.config.read_text())["webserver"]
+    gateway = DagsterGateway(web["host"], web["port"])
+    [film] = [m for m in gateway.materializations(done["run_id"]) if m.asset_key == ("film",)]
+    assert film.metadata["versions"] == versions
+    assert done["derived_from"] == versions  # GET /version says the same
+    shots = {}
+    for version in versions:
+        [run] = [r for r in gateway.find_runs_by_tag(VERSION_TAG, version) if r.status == "SUCCESS"]
+        [shot] = [m for m in gateway.materializations(run.run_id) if m.asset_key == ("shot",)]
+        shots[version] = shot.metadata
+    s1, s4 = (shots[v] for v in versions)
+    assert s1["derived_from"] == [] and s1["checkpoint"]
+    assert s4["derived_from"] == [versions[0]]  # s4 took s1 as memory
+    slot = s4["inputs"]["memory_slots[0]"]
+    assert slot["version_id"] == versions[0] and slot["shot_id"] == "s1" and len(slot["sha256"]) == 64
+    assert api.get(f"/version/{versions[1]}").json()["inputs"] == s4["inputs"]

@@ -33,6 +33,7 @@ from api.store import (
     Store,
     payload_hash,
 )
+from shotloom import stages
 from shotloom.api_config import ApiConfig
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import Defaults
@@ -41,7 +42,8 @@ from shotloom.request import GenerationRequest, MemorySlot
 R2V_JOB = "r2v"
 EXTEND_JOB = "extend"
 MERGE_JOB = "merge"
-VERSION_TAG = "shotloom/version_id"  # every submitted run carries it: reconcile finds runs by it
+# Every submitted run carries it: reconcile finds runs by it (defined beside the other run tags).
+VERSION_TAG = stages.VERSION_TAG
 VIDEO_KIND = "video"  # artifacts are indexed by media kind; role says shot or film
 DURATION_SAMPLES = 50  # finished jobs whose durations give Retry-After and ETAs
 RETRY_AFTER_UNKNOWN_S = 60  # before the first job has finished
@@ -191,20 +193,28 @@ class JobService:
         if spec.extends is not None:
             stitch, source_memory = self._extension(spec, caps, config, inputs)
         for slot in spec.memory:
+            origin: dict[str, Any] = {}  # where a slot came from: an earlier version, a character
             if slot.character_id is not None:
                 image, audio = self._character_memory(slot, caps is None or caps.audio_in)
+                origin = {"character_id": slot.character_id}
             elif slot.shot_id is not None:
                 with_audio = caps is None or caps.audio_in
-                image, audio = self._shot_memory(
+                image, audio, version = self._shot_memory(
                     spec.work_id, slot.shot_id, f"{slot.field}.shot_id", with_audio
                 )
+                origin = {"version_id": version, "shot_id": slot.shot_id}
             else:
                 assert slot.image is not None
                 image = self.resolve(slot.image, "image")
                 audio = self.resolve(slot.audio, "audio") if slot.audio is not None else None
             memory.append({"image": str(image.path), "audio": str(audio.path) if audio else None})
-            inputs[slot.field] = {"image": describe(image), "audio": describe(audio) if audio else None}
+            inputs[slot.field] = {
+                "image": describe(image),
+                "audio": describe(audio) if audio else None,
+                **origin,
+            }
         config["memory"] = memory + ([source_memory] if stitch is not None else [])
+        config["lineage"] = lineage(inputs, spec.lora)
         ops: dict[str, Any] = {"condition_op": {"config": config}}
         if stitch is not None:
             ops["stitch_op"] = {"config": stitch}
@@ -328,6 +338,7 @@ class JobService:
             "before": [str(asset.path)],
             "shot_ids": [before],
             "before_frames": info.frames,
+            "versions": [described.get("version_id") or f"sha256:{asset.sha256}"],
         }
         return stitch, {"image": str(image.path), "audio": str(audio.path) if audio else None}
 
@@ -362,13 +373,14 @@ class JobService:
 
     def _shot_memory(
         self, work_id: str, shot_id: str, field: str, with_audio: bool = True
-    ) -> tuple[InputAsset, InputAsset | None]:
-        """A bare memory ``shot_id``: the newest successful shot of the same work, as memory."""
+    ) -> tuple[InputAsset, InputAsset | None, str]:
+        """A bare memory ``shot_id``: the newest successful shot of the same work, as memory (and
+        the version it came from)."""
         job = self.store.newest_succeeded_shot(work_id, shot_id)
         video = self.video_path(job.version_id) if job is not None else None
-        if video is None:
+        if job is None or video is None:
             raise Conflict(f"no successful shot {shot_id!r} in work {work_id!r} to take memory from", field)
-        return self._memory_from_video(video, field, with_audio)
+        return (*self._memory_from_video(video, field, with_audio), job.version_id)
 
     def _memory_from_video(
         self, video: Path, field: str, with_audio: bool
@@ -400,7 +412,7 @@ class JobService:
             return Accepted(replay, False)
         self.check_queue("merge")
 
-        paths, shot_ids, sources = [], [], []
+        paths, shot_ids, sources, versions = [], [], [], []
         for shot in spec.shots:
             if shot.version_id is not None:
                 job = self.store.get(shot.version_id)
@@ -417,14 +429,16 @@ class JobService:
                     )
                 paths.append(video.relative_to(self.media_root).as_posix())
                 shot_ids.append(job.shot_id or job.version_id)
+                versions.append(job.version_id)
                 sources.append({"version_id": job.version_id})
             else:
                 assert shot.video is not None
                 asset = self.resolve(shot.video, "video")
                 paths.append(str(asset.path))
                 shot_ids.append(f"url:{asset.sha256[:12]}")
+                versions.append(f"sha256:{asset.sha256}")  # not a version of ours: its content
                 sources.append({"video_url": shot.video.value, "sha256": asset.sha256})
-        config = {"work_id": spec.work_id, "inputs": paths, "shot_ids": shot_ids}
+        config = {"work_id": spec.work_id, "inputs": paths, "shot_ids": shot_ids, "versions": versions}
         new = NewJob(
             kind="merge",
             work_id=spec.work_id,
@@ -512,6 +526,27 @@ class JobService:
         if caps is None:
             raise Unavailable("the model is not loaded on any worker yet")
         return caps
+
+
+def lineage(inputs: dict[str, Any], lora: str | None) -> dict[str, Any]:
+    """What a shot was made from, for its materialization and ``GET /version``: each input's
+    content hash (and the earlier version or character it came from), the versions it derives
+    from, the adapter."""
+    flat: dict[str, Any] = {}
+    for name, value in inputs.items():
+        if "sha256" in value:  # one file
+            flat[name] = {k: value[k] for k in ("sha256", "version_id", "shot_id") if k in value}
+        else:  # an image with its audio, and where they came from
+            flat[name] = {
+                "sha256": value["image"]["sha256"],
+                **({"audio_sha256": value["audio"]["sha256"]} if value.get("audio") else {}),
+                **{k: value[k] for k in ("version_id", "shot_id", "character_id") if k in value},
+            }
+    derived = sorted({v["version_id"] for v in flat.values() if v.get("version_id")})
+    out: dict[str, Any] = {"inputs": flat, "derived_from": derived}
+    if lora is not None:  # no nulls: Dagster's config maps refuse them
+        out["adapter"] = lora
+    return out
 
 
 def describe(asset: InputAsset) -> dict[str, Any]:

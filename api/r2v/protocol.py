@@ -495,6 +495,13 @@ class VersionResponse(_TaskFields):
     request: dict[str, Any] | None = Field(
         default=None, description="The normalized request (no local paths)."
     )
+    inputs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Lineage: each input's content hash and the version or character it came from.",
+    )
+    derived_from: list[str] = Field(
+        default_factory=list, description="Lineage: the versions this one was made from (shots of a film)."
+    )
 
 
 # -- 422 bodies ---------------------------------------------------------------------------------

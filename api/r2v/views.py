@@ -65,7 +65,23 @@ def version_response(
         worker=live.get("worker"),
         result=result or None,
         request={**job.request.get("client", {}), "inputs": job.request.get("inputs", {})},
+        **version_lineage(job),
     )
+
+
+def version_lineage(job: JobRecord) -> dict[str, Any]:
+    """``inputs`` and ``derived_from`` of a version, from its run config (what the run records on
+    its materializations too)."""
+    ops = job.request.get("run_config", {}).get("ops", {})
+    shot = ops.get("condition_op", {}).get("config", {}).get("lineage")
+    if shot:
+        return {"inputs": shot.get("inputs", {}), "derived_from": shot.get("derived_from", [])}
+    versions = ops.get("merge_op", {}).get("config", {}).get("versions", [])
+    inputs = {
+        f"shots[{i}]": {"sha256": v.split(":", 1)[1]} if v.startswith("sha256:") else {"version_id": v}
+        for i, v in enumerate(versions)
+    }
+    return {"inputs": inputs, "derived_from": [v for v in versions if not v.startswith("sha256:")]}
 
 
 def version_views(store: Store, base: str, max_entries: int) -> JobViews[bytes]:
