@@ -21,7 +21,13 @@ from typing import Any
 import httpx
 
 from api.core.jobs import VERSION_TAG, VIDEO_KIND
-from api.dagster_client import WILL_RETRY_TAG, DagsterGateway, DagsterUnavailable, RunInfo
+from api.dagster_client import (
+    WILL_RETRY_TAG,
+    DagsterGateway,
+    DagsterGatewayError,
+    DagsterUnavailable,
+    RunInfo,
+)
 from api.store import JobRecord, Store, backoff_delay
 from orchestration.launcher import WORKER_TAG, WorkerError, call_worker, read_workers
 from shotloom import stages
@@ -40,6 +46,7 @@ CANCEL_RETRY_S = 5.0
 DELIVERY_HEADER = "X-Shotloom-Delivery-Id"
 RETRY_GRACE_S = 120.0  # a failed run marked will_retry whose retry never appears is failed after this
 NEVER_ENQUEUED_AFTER_S = 10.0  # a NOT_STARTED run this old was created by a submit that was cut short
+SUBMIT_REFUSALS = 3  # Dagster refusing a job's run this many times (while reachable) fails the job
 
 _RUNNING = {"STARTING", "STARTED", "CANCELING"}
 _FAILED = {"FAILURE", "CANCELED"}
@@ -78,6 +85,7 @@ class Follower:
         self._failed_seen: dict[str, float] = {}
         self._boot = time.time()
         self._uncertain: set[str] = set()  # versions whose submit raised: a run may exist
+        self._refused: dict[str, int] = {}  # version -> times Dagster refused its run
         self._cancel_asked: dict[str, float] = {}  # version -> when its run was last asked to stop
         self._periodic: list[tuple[str, Callable[[], object], float]] = []
         self.started = False
@@ -184,7 +192,26 @@ class Follower:
             if job.shot_id:
                 tags["shotloom/shot_id"] = job.shot_id
             self._uncertain.add(job.version_id)
-            run_id = self.gateway.submit(req["job_name"], req["run_config"], tags)
+            try:
+                run_id = self.gateway.submit(req["job_name"], req["run_config"], tags)
+            except DagsterUnavailable:
+                raise  # nothing submits now: the loop waits for the webserver
+            except DagsterGatewayError as exc:
+                # Dagster answered and refused this run (its config, its job): the jobs behind it
+                # still go, and after a few refusals the job fails instead of waiting forever.
+                self._refused[job.version_id] = refusals = self._refused.get(job.version_id, 0) + 1
+                log.warning("version %s: Dagster refused the run (%d): %s", job.version_id, refusals, exc)
+                if refusals >= SUBMIT_REFUSALS:
+                    record = self.store.update_status(
+                        job.version_id,
+                        status="failed",
+                        stage=stages.FAILED,
+                        error=f"Dagster refused the run: {exc}",
+                    )
+                    self._refused.pop(job.version_id, None)
+                    self._enqueue_callback(record)
+                continue
+            self._refused.pop(job.version_id, None)
             self.store.mark_submitted(job.version_id, run_id)
             self._uncertain.discard(job.version_id)
             self.counters["submitted"] += 1

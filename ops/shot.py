@@ -31,6 +31,7 @@ from resources.model_runtime import ModelRuntimeResource
 from shotloom import stages
 from shotloom.capabilities import CapabilityError
 from shotloom.request import GenerationRequest, MemorySlot
+from shotloom.stages import VERSION_TAG
 
 PROGRESS_TAG_INTERVAL_S = 0.5  # progress tags are DB writes: at most two a second (plus the last)
 
@@ -251,6 +252,7 @@ def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource
             "cache_hit": bool(decoded.meta.get("cache_hit")),
             "stage_timings": timings,
             "peak_memory_mb": round(peak_mb, 1),
+            "version_id": context.run.tags.get(VERSION_TAG, ""),  # the service version it is
             # Lineage: what it was made from (hashes, earlier versions, characters) and with what.
             "inputs": MetadataValue.json(decoded.meta.get("lineage", {}).get("inputs", {})),
             "derived_from": MetadataValue.json(decoded.meta.get("lineage", {}).get("derived_from", [])),

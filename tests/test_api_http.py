@@ -251,6 +251,32 @@ def test_a_character_is_a_memory_slot_of_an_r2v_shot(api):
     assert unknown.status_code == 422 and "memory_slots[0].character_id" in unknown.text
 
 
+def test_a_run_dagster_refuses_fails_its_job_and_blocks_no_other(api):
+    """A job whose run Dagster refuses (here a run config its schema does not know, as after an
+    upgrade that renamed a field) fails with Dagster's reason; the jobs behind it still run."""
+    from api.store import NewJob, Store
+
+    store = Store(f"sqlite:///{api.state / 'api' / 'service.sqlite'}", create=False)
+    try:
+        config = {"work_id": "film", "shot_id": "bad", "prompt": "x", "no_such_field": 1}
+        bad = store.accept(
+            NewJob(
+                kind="r2v",
+                work_id="film",
+                shot_id="bad",
+                payload_hash="0" * 64,
+                request={"job_name": "r2v", "run_config": {"ops": {"condition_op": {"config": config}}}},
+            )
+        ).version_id
+    finally:
+        store.close()
+    good = api.post("/r2v", shot("after-bad")).json()["version_id"]
+    assert api.wait_version(good)["status"] == "succeeded"
+    failed = api.wait_version(bad, timeout=60)
+    assert failed["status"] == "failed" and "Dagster refused the run" in failed["error"]
+    assert "no_such_field" in failed["error"]
+
+
 def test_merge_by_version_ids_produces_one_film(api, receiver):
     versions = [api.find_version("s1"), api.find_version("s4")]
     receiver.refuse, receiver.attempts, receiver.delivered = 0, [], []
@@ -295,7 +321,7 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
         [shot] = [m for m in gateway.materializations(run.run_id) if m.asset_key == ("shot",)]
         shots[version] = shot.metadata
     s1, s4 = (shots[v] for v in versions)
-    assert s1["derived_from"] == [] and s1["checkpoint"]
+    assert s1["derived_from"] == [] and s1["checkpoint"] and s1["version_id"] == versions[0]
     assert s4["derived_from"] == [versions[0]]  # s4 took s1 as memory
     slot = s4["inputs"]["memory_slots[0]"]
     assert slot["version_id"] == versions[0] and slot["shot_id"] == "s1" and len(slot["sha256"]) == 64
