@@ -329,6 +329,24 @@ query GatewayMaterializations($runId: ID!) {
     + _METADATA_FRAGMENT
 )
 
+RUN_EVENTS_QUERY = (
+    """
+query GatewayRunEvents($runId: ID!, $cursor: String, $limit: Int) {
+  logsForRun(runId: $runId, afterCursor: $cursor, limit: $limit) {
+    __typename
+    ... on EventConnection {
+      cursor
+      hasMore
+      events { __typename ... on EngineEvent { metadataEntries { ...Meta } } }
+    }
+    ... on RunNotFoundError { message }
+    ... on PythonError { message }
+  }
+}
+"""
+    + _METADATA_FRAGMENT
+)
+
 TERMINATE_MUTATION = """
 mutation GatewayTerminate($runId: String!, $policy: TerminateRunPolicy) {
   terminateRun(runId: $runId, terminatePolicy: $policy) {
@@ -690,6 +708,26 @@ class DagsterGateway:
             raise DagsterGatewayError(f"run {run_id} not found", kind="RunNotFoundError")
         _check_typename(result, "Run", "materializations")
         return [_materialization(m) for m in result["assetMaterializations"]]
+
+    def engine_events(
+        self, run_id: str, cursor: str | None = None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """Metadata of the run's engine events after ``cursor`` (oldest first), and the cursor to
+        read on from: how a client follows what a run reports without scanning it again."""
+        out: list[dict[str, Any]] = []
+        while True:
+            data = self.execute(
+                RUN_EVENTS_QUERY, {"runId": run_id, "cursor": cursor, "limit": _PAGE}, what="run events"
+            )
+            conn = data["logsForRun"]
+            _check_typename(conn, "EventConnection", "run events")
+            for event in conn["events"]:
+                entries = event.get("metadataEntries")
+                if entries:
+                    out.append({e["label"]: metadata_value(e) for e in entries})
+            cursor = conn.get("cursor") or cursor
+            if not conn.get("hasMore"):
+                return out, cursor
 
     def terminate(self, run_id: str, force: bool = False, wait_starting_s: float = 5.0) -> bool:
         """Ask Dagster to cancel a run: a queued run is canceled at once, a started one goes to

@@ -4,7 +4,8 @@ Three duties, each idempotent so a restart simply runs them again:
 
 - submit: every accepted job without a run is submitted over GraphQL, unless a run tagged with
   its version id already exists (the process died between submitting and recording it);
-- follow: unfinished jobs read their run's status and stage tags (one query for all of them),
+- follow: unfinished jobs read their run's status (one query for all of them) and the stage and
+  progress events the run reported since the last look (one incremental read per running run),
   follow Dagster's retries (``dagster/root_run_id``), and on success index the run's asset
   materializations as artifacts;
 - deliver: due callbacks from the durable outbox are POSTed, with exponential backoff.
@@ -12,10 +13,12 @@ Three duties, each idempotent so a restart simply runs them again:
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -34,6 +37,7 @@ from shotloom import stages
 from shotloom.api_config import ApiConfig
 
 log = logging.getLogger("shotloom.api")
+KIND_TAG = "shotloom/kind"  # r2v | merge (the R2V API), v1 | image (the OpenAI dialect)
 FILM_ASSET = ("film",)  # the asset key of films (merges, stitched extensions), as GraphQL reads it
 STILLS = ("thumbnail", "spritesheet")  # image artifacts recorded beside each video
 # Materialization metadata copied into a succeeded job's result (read by both dialects' views).
@@ -63,6 +67,15 @@ def api_status(run_status: str, stage: str) -> str:
     return "queued"
 
 
+@dataclass
+class RunState:
+    """What a run reported so far (stage times, latest progress) and where its event log was read."""
+
+    cursor: str | None = None
+    stage_times: dict[str, float] = field(default_factory=dict)
+    progress: dict[str, Any] | None = None
+
+
 class Follower:
     def __init__(
         self,
@@ -86,6 +99,7 @@ class Follower:
         self._boot = time.time()
         self._uncertain: set[str] = set()  # versions whose submit raised: a run may exist
         self._refused: dict[str, int] = {}  # version -> times Dagster refused its run
+        self._states: dict[str, RunState] = {}  # run id -> what it reported (unfinished runs)
         self._cancel_asked: dict[str, float] = {}  # version -> when its run was last asked to stop
         self._periodic: list[tuple[str, Callable[[], object], float]] = []
         self.started = False
@@ -186,7 +200,7 @@ class Follower:
             tags = {
                 VERSION_TAG: job.version_id,
                 "shotloom/work_id": job.work_id,
-                "shotloom/api": job.dialect,
+                KIND_TAG: run_kind(job),
                 "user": job.submitter or "api",
             }
             if job.shot_id:
@@ -273,18 +287,32 @@ class Follower:
         if status != job.status or stage != job.stage or live != (job.live or {}):
             self.store.update_status(job.version_id, status=status, stage=stage, live=live)
 
+    def _run_state(self, run: RunInfo) -> RunState:
+        """The run's stage times and progress, read on from the run events seen last time."""
+        state = self._states.setdefault(run.run_id, RunState())
+        events, state.cursor = self.gateway.engine_events(run.run_id, state.cursor)
+        for meta in events:
+            stage, at = meta.get(stages.STAGE_EVENT), meta.get(stages.AT_EVENT)
+            if isinstance(stage, str) and isinstance(at, int | float):
+                state.stage_times[stage] = float(at)
+            progress = meta.get(stages.PROGRESS_EVENT)
+            if isinstance(progress, str):
+                state.progress = json.loads(progress)
+        return state
+
     def _live(self, run: RunInfo) -> dict[str, Any]:
-        live: dict[str, Any] = {"run_status": run.status, "stage_times": stages.stage_times(run.tags)}
-        prog = stages.progress(run.tags)
-        if prog is not None:
-            live["progress"] = prog
+        state = self._run_state(run)
+        times = {s: state.stage_times[s] for s in stages.ORDER if s in state.stage_times}
+        live: dict[str, Any] = {"run_status": run.status, "stage_times": times}
+        if state.progress is not None:
+            live["progress"] = state.progress
         worker = run.tags.get(WORKER_TAG)
         if worker:
             snap = self.workers.get(worker, {})
             live["worker"] = {
                 "name": worker,
                 "device": snap.get("device"),
-                "boot_id": run.tags.get("shotloom/worker_boot_id"),
+                "boot_id": snap.get("boot_id"),
                 "weight_location": snap.get("weight_location"),
                 "resources": snap.get("resources"),
             }
@@ -342,12 +370,14 @@ class Follower:
             job.version_id, status="succeeded", stage=stages.SUCCEEDED, error=None, result=result, live=live
         )
         log.info("version %s succeeded (run %s)", job.version_id, run.run_id)
+        self._states.pop(run.run_id, None)
         self._enqueue_callback(record)
 
     def _failed(self, job: JobRecord, run: RunInfo) -> None:
         newer = self._newest_retry(job, run)
         if newer is not None:
             self.store.follow_run(job.version_id, newer.run_id)
+            self._states.pop(run.run_id, None)
             self.counters["followed_retries"] += 1
             log.info("version %s: following retry run %s", job.version_id, newer.run_id)
             return
@@ -369,6 +399,7 @@ class Follower:
             live=live,
         )
         log.info("version %s failed: %s", job.version_id, error)
+        self._states.pop(run.run_id, None)
         self._enqueue_callback(record)
 
     def _newest_retry(self, job: JobRecord, run: RunInfo) -> RunInfo | None:
@@ -455,6 +486,11 @@ def callback_payload(job: JobRecord, store: Store, api: ApiConfig) -> dict[str, 
     if job.kind == "r2v" and "shot_id" not in payload:
         payload["shot_id"] = job.shot_id
     return payload
+
+
+def run_kind(job: JobRecord) -> str:
+    """The job kind an operator filters runs by."""
+    return {"openai": "v1", "images": "image"}.get(job.dialect, job.kind)
 
 
 def _int(value: Any) -> int | None:

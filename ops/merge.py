@@ -7,6 +7,7 @@ from pydantic import Field
 
 from ops.assets import FILM_KEY, register_work_partition
 from ops.types import FilmArtifact, ShotArtifact
+from resources import run_state
 from resources.media_store import MediaStoreResource
 from shotloom import stages
 from shotloom.stages import VERSION_TAG
@@ -72,7 +73,7 @@ def _film(
 ):
     from shotloom.media import merge_mp4
 
-    context.instance.add_run_tags(context.run_id, stages.stage_tags(stages.MERGING))
+    run_state.record(context.instance, context.run_id, stages.stage_tags(stages.MERGING))
     inputs = [Path(p) if Path(p).is_absolute() else media.resolve(p) for p in paths]
     output = media.film_path(work_id, context.run_id)
     result = merge_mp4(inputs, output)

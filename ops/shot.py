@@ -26,6 +26,7 @@ from pydantic import Field
 
 from ops.assets import SHOT_KEY, register_shot_partition
 from ops.types import ConditioningBundle, DecodedBundle, LatentsBundle, ShotArtifact
+from resources import run_state
 from resources.media_store import MediaStoreResource
 from resources.model_runtime import ModelRuntimeResource
 from shotloom import stages
@@ -77,17 +78,16 @@ def _request(bundle) -> GenerationRequest:
 
 
 def _stage(context: OpExecutionContext):
-    """on_stage callback: the run's stage tags (read by GraphQL clients) plus a log line."""
+    """on_stage callback: the run's stage (its tag, and a run event with the time)."""
 
     def enter(stage: str) -> None:
-        context.instance.add_run_tags(context.run_id, stages.stage_tags(stage))
-        context.log.info(f"stage: {stage}")
+        run_state.record(context.instance, context.run_id, stages.stage_tags(stage))
 
     return enter
 
 
 def _progress(context: OpExecutionContext, stage: str, what: str):
-    """progress(done, total): logged, and kept in the run's progress tag (throttled)."""
+    """progress(done, total): logged, and kept as the run's progress (tag and event, throttled)."""
     last = 0.0
 
     def report(done: int, total: int) -> None:
@@ -95,7 +95,7 @@ def _progress(context: OpExecutionContext, stage: str, what: str):
         context.log.debug(f"{what} {done}/{total}")
         now = time.monotonic()
         if done >= total or now - last >= PROGRESS_TAG_INTERVAL_S:
-            context.instance.add_run_tags(context.run_id, stages.progress_tag(stage, done, total))
+            run_state.record(context.instance, context.run_id, stages.progress_tag(stage, done, total))
             last = now
 
     return report

@@ -36,14 +36,17 @@ from dagster._core.launcher import (
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
+from resources import run_state
 from shotloom import stages
+from shotloom.stages import HIDDEN
 
-GPU_TAG = "shotloom/gpu"  # runs carrying it go to a device worker (and count against the gpu limit)
-WORKER_TAG = "shotloom/worker"
-BOOT_TAG = "shotloom/worker_boot_id"
-PID_TAG = "shotloom/worker_pid"
-LAUNCHED_AT_TAG = "shotloom/launched_at"  # launch order, in the daemon's (serial) dequeue order
-LOADS_TAG = "shotloom/runtime_loads"  # weight loads of the worker process after the run (set by the worker)
+# Hidden tags (Dagster keeps them, never lists them): for the launcher and workers, not for filtering.
+GPU_TAG = HIDDEN + "shotloom/gpu"  # runs carrying it go to a device worker (and count against the gpu limit)
+WORKER_TAG = "shotloom/worker"  # visible: the device worker an operator filters by
+BOOT_TAG = HIDDEN + "shotloom/worker_boot_id"
+PID_TAG = HIDDEN + "shotloom/worker_pid"
+LAUNCHED_AT_TAG = HIDDEN + "shotloom/launched_at"  # launch order, in the daemon's (serial) dequeue order
+LOADS_TAG = HIDDEN + "shotloom/runtime_loads"  # weight loads of the worker process after the run
 
 
 @dataclass(frozen=True)
@@ -196,7 +199,8 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             time.sleep(0.2)
 
     def _tag(self, run: DagsterRun, record: WorkerRecord, resume: bool) -> None:
-        self._instance.add_run_tags(
+        run_state.record(
+            self._instance,
             run.run_id,
             {
                 WORKER_TAG: record.name,

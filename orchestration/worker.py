@@ -213,6 +213,7 @@ class Worker:
         """Wait until the job fits in live memory; False if it never can or was canceled meanwhile."""
         from dagster import DagsterRunStatus
 
+        from resources import run_state
         from shotloom import stages
 
         waiting = False
@@ -236,8 +237,12 @@ class Worker:
                 self.instance.report_run_canceled(run, "Canceled while waiting for memory.")
                 return False
             if not waiting:
-                self.instance.add_run_tags(run_id, {**tags, **stages.stage_tags(stages.WAITING_FOR_MEMORY)})
-                self.instance.report_engine_event(f"Waiting for memory: {plan.message}", run)
+                run_state.record(
+                    self.instance,
+                    run_id,
+                    {**tags, **stages.stage_tags(stages.WAITING_FOR_MEMORY)},
+                    f"Waiting for memory: {plan.message}",
+                )
                 waiting = True
             if self.stopping:
                 return False  # leave it STARTING: run monitoring hands it to the next worker
@@ -255,6 +260,7 @@ class Worker:
         from dagster import DagsterRunStatus, RunsFilter
 
         from orchestration.launcher import BOOT_TAG, GPU_TAG, PID_TAG, WORKER_TAG
+        from resources import run_state
         from shotloom import stages
 
         records = self.instance.get_run_records(
@@ -283,7 +289,8 @@ class Worker:
                     self.state = before  # another worker took it
                 continue
             log.info("%s: recovering run %s that was never started", self.name, run_id)
-            self.instance.add_run_tags(
+            run_state.record(
+                self.instance,
                 run_id,
                 {
                     WORKER_TAG: self.name,
@@ -381,6 +388,7 @@ class Worker:
         from dagster import DagsterRunStatus
 
         from orchestration.launcher import LOADS_TAG
+        from resources import run_state
         from shotloom import stages
 
         final = {
@@ -397,7 +405,7 @@ class Worker:
             tags = {LOADS_TAG: str(self.loads())}
             if run is not None and run.status in final:
                 tags.update(stages.stage_tags(final[run.status]))
-            self.instance.add_run_tags(run_id, tags)
+            run_state.record(self.instance, run_id, tags)
             for rt in self._loaded_runtimes():
                 rt.after_run()  # idle clock, measured CUDA peak
         except Exception:

@@ -1,12 +1,17 @@
-"""Job stages and the run tags that carry them (the r2v spec's "Task state").
+"""Job stages and where a run keeps them (the r2v spec's "Task state").
 
-Stages are written as Dagster run tags so a GraphQL client reads them with the
-run itself (one cheap query), never by scanning the event log:
+An operator filters runs by a few visible tags; everything else a run records about its progress
+is for reading, not filtering, and stays out of the UI's tag lists (tags under Dagster's hidden
+prefix ``.dagster/`` are kept with the run but never listed, in the UI or over GraphQL):
 
-    shotloom/stage                 the current stage
-    shotloom/stage_at/<stage>      unix time (seconds, 3 decimals) the run last entered <stage>
-    shotloom/progress              JSON {"stage", "done", "total"}: denoise step i of N, decoded piece j of M
-    shotloom/admission_plan        JSON of the worker's admission plan for this run
+    shotloom/stage                          the current stage (visible: "which runs are decoding")
+    .dagster/shotloom/stage_at/<stage>      unix time the run last entered <stage>
+    .dagster/shotloom/progress              JSON {"stage", "done", "total"}
+    .dagster/shotloom/admission_plan        JSON of the worker's admission plan for this run
+
+Every stage change and progress report is also a run event (an engine event whose metadata
+carries ``shotloom/stage`` + ``shotloom/at``, or ``shotloom/progress``): the run page shows them in
+order, and GraphQL clients (the API) read them incrementally from the run's event log.
 
 Pure constants and helpers: the API, the daemon and the ops all import this.
 """
@@ -18,9 +23,14 @@ import time
 
 STAGE_TAG = "shotloom/stage"
 VERSION_TAG = "shotloom/version_id"  # the service version a run makes (set by the API on every run)
-STAGE_AT_PREFIX = "shotloom/stage_at/"
-PROGRESS_TAG = "shotloom/progress"
-ADMISSION_TAG = "shotloom/admission_plan"
+HIDDEN = ".dagster/"  # Dagster's prefix for tags it keeps but never lists
+STAGE_AT_PREFIX = HIDDEN + "shotloom/stage_at/"
+PROGRESS_TAG = HIDDEN + "shotloom/progress"
+ADMISSION_TAG = HIDDEN + "shotloom/admission_plan"
+# Metadata labels of the run events that carry stages and progress.
+STAGE_EVENT = "shotloom/stage"
+AT_EVENT = "shotloom/at"
+PROGRESS_EVENT = "shotloom/progress"
 
 QUEUED = "queued"
 CLAIMED = "claimed"

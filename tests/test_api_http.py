@@ -251,6 +251,31 @@ def test_a_character_is_a_memory_slot_of_an_r2v_shot(api):
     assert unknown.status_code == 422 and "memory_slots[0].character_id" in unknown.text
 
 
+def test_runs_show_few_tags_and_report_stages_as_events(api):
+    """What an operator filters by is a tag (at most 8 listed); stage times, progress, plans and
+    pids are run events and hidden tags: not listed, yet the API still reads every stage."""
+    from api.dagster_client import DagsterGateway
+    from shotloom import stages
+
+    done = api.get(f"/version/{api.find_version('s1')}").json()
+    web = yaml.safe_load(api.config.read_text())["webserver"]
+    gateway = DagsterGateway(web["host"], web["port"])
+    tags = gateway.run(done["run_id"]).tags  # as GraphQL (and the UI) list them
+    assert len(tags) <= 8, tags
+    assert (
+        tags["shotloom/kind"] == "r2v"
+        and tags["shotloom/work_id"] == "film"
+        and tags["shotloom/shot_id"] == "s1"
+    )
+    assert tags["shotloom/worker"] in ("cpu-0", "cpu-1") and tags["user"] == "api"
+    assert tags["shotloom/version_id"] == done["version_id"] and tags["shotloom/stage"] == "succeeded"
+    events, _ = gateway.engine_events(done["run_id"])
+    entered = [e[stages.STAGE_EVENT] for e in events if stages.STAGE_EVENT in e]
+    assert entered[:2] == ["claimed", "validating"] and {"inferring", "decoding", "writing"} <= set(entered)
+    assert any(stages.PROGRESS_EVENT in e for e in events)
+    assert list(done["stage_times"])[:2] == ["claimed", "validating"]  # the API read them back
+
+
 def test_a_run_dagster_refuses_fails_its_job_and_blocks_no_other(api):
     """A job whose run Dagster refuses (here a run config its schema does not know, as after an
     upgrade that renamed a field) fails with Dagster's reason; the jobs behind it still run."""

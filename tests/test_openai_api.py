@@ -668,7 +668,7 @@ def test_runs_record_the_submitting_key_by_name(stack):
     run_id = wait_for(lambda: stack.get(f"/version/{version}").json().get("run_id"), 30, "the run")
     web = yaml.safe_load(stack.config.read_text())["webserver"]
     run = DagsterGateway(web["host"], web["port"]).run(run_id)
-    assert run.tags["user"] == "studio-b" and run.tags["shotloom/api"] == "openai"
+    assert run.tags["user"] == "studio-b" and run.tags["shotloom/kind"] == "v1"
     assert KEY not in json.dumps(run.tags) and "sk-other" not in stack.log("api")
 
 
