@@ -41,12 +41,12 @@ from shotloom import stages
 from shotloom.stages import HIDDEN
 
 # Hidden tags (Dagster keeps them, never lists them): for the launcher and workers, not for filtering.
-GPU_TAG = HIDDEN + "shotloom/gpu"  # runs carrying it go to a device worker (and count against the gpu limit)
+GPU_TAG = HIDDEN + "gpu"  # runs carrying it go to a device worker (and count against the gpu limit)
 WORKER_TAG = "shotloom/worker"  # visible: the device worker an operator filters by
-BOOT_TAG = HIDDEN + "shotloom/worker_boot_id"
-PID_TAG = HIDDEN + "shotloom/worker_pid"
-LAUNCHED_AT_TAG = HIDDEN + "shotloom/launched_at"  # launch order, in the daemon's (serial) dequeue order
-LOADS_TAG = HIDDEN + "shotloom/runtime_loads"  # weight loads of the worker process after the run
+BOOT_TAG = HIDDEN + "worker_boot_id"
+PID_TAG = HIDDEN + "worker_pid"
+LAUNCHED_AT_TAG = HIDDEN + "launched_at"  # launch order, in the daemon's (serial) dequeue order
+LOADS_TAG = HIDDEN + "runtime_loads"  # weight loads of the worker process after the run
 
 
 @dataclass(frozen=True)

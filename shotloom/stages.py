@@ -5,9 +5,9 @@ is for reading, not filtering, and stays out of the UI's tag lists (tags under D
 prefix ``.dagster/`` are kept with the run but never listed, in the UI or over GraphQL):
 
     shotloom/stage                          the current stage (visible: "which runs are decoding")
-    .dagster/shotloom/stage_at/<stage>      unix time the run last entered <stage>
-    .dagster/shotloom/progress              JSON {"stage", "done", "total"}
-    .dagster/shotloom/admission_plan        JSON of the worker's admission plan for this run
+    .dagster/shotloom.stage_at.<stage>      unix time the run last entered <stage>
+    .dagster/shotloom.progress              JSON {"stage", "done", "total"}
+    .dagster/shotloom.admission_plan        JSON of the worker's admission plan for this run
 
 Every stage change and progress report is also a run event (an engine event whose metadata
 carries ``shotloom/stage`` + ``shotloom/at``, or ``shotloom/progress``): the run page shows them in
@@ -23,10 +23,11 @@ import time
 
 STAGE_TAG = "shotloom/stage"
 VERSION_TAG = "shotloom/version_id"  # the service version a run makes (set by the API on every run)
-HIDDEN = ".dagster/"  # Dagster's prefix for tags it keeps but never lists
-STAGE_AT_PREFIX = HIDDEN + "shotloom/stage_at/"
-PROGRESS_TAG = HIDDEN + "shotloom/progress"
-ADMISSION_TAG = HIDDEN + "shotloom/admission_plan"
+# Dagster's prefix for tags it keeps but never lists (one '/' per key: Dagster's tag key rule).
+HIDDEN = ".dagster/shotloom."
+STAGE_AT_PREFIX = HIDDEN + "stage_at."
+PROGRESS_TAG = HIDDEN + "progress"
+ADMISSION_TAG = HIDDEN + "admission_plan"
 # Metadata labels of the run events that carry stages and progress.
 STAGE_EVENT = "shotloom/stage"
 AT_EVENT = "shotloom/at"
