@@ -21,6 +21,7 @@ from api.openai.errors import OpenAIError, is_openai_path, openai_error_response
 from api.openai.router import openai_router, openai_submitter
 from api.openai.serving import VideoServing
 from api.openapi import install as install_openapi
+from api.operator import operator_router
 from api.r2v.protocol import validation_error_body
 from api.r2v.router import r2v_router
 from api.r2v.serving import ApiError
@@ -65,6 +66,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     videos = VideoServing(ctx)
     app.include_router(openai_router(ctx, videos))
     app.include_router(health_router(ctx))
+    app.include_router(operator_router(ctx))
     submitter = submitter_dependency(ctx.keys, lambda message: ApiError(401, message))
     app.include_router(media_router(ctx.media_root), dependencies=[Depends(submitter)])
     install_openapi(

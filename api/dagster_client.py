@@ -139,6 +139,12 @@ class RunInfo:
 
 
 @dataclass(frozen=True)
+class EngineEvent:
+    message: str
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Materialization:
     asset_key: tuple[str, ...]
     partition: str | None  # multi-partition keys read "a|b" (dimensions in name order)
@@ -337,7 +343,7 @@ query GatewayRunEvents($runId: ID!, $cursor: String, $limit: Int) {
     ... on EventConnection {
       cursor
       hasMore
-      events { __typename ... on EngineEvent { metadataEntries { ...Meta } } }
+      events { __typename ... on EngineEvent { message timestamp metadataEntries { ...Meta } } }
     }
     ... on RunNotFoundError { message }
     ... on PythonError { message }
@@ -709,12 +715,10 @@ class DagsterGateway:
         _check_typename(result, "Run", "materializations")
         return [_materialization(m) for m in result["assetMaterializations"]]
 
-    def engine_events(
-        self, run_id: str, cursor: str | None = None
-    ) -> tuple[list[dict[str, Any]], str | None]:
-        """Metadata of the run's engine events after ``cursor`` (oldest first), and the cursor to
-        read on from: how a client follows what a run reports without scanning it again."""
-        out: list[dict[str, Any]] = []
+    def engine_events(self, run_id: str, cursor: str | None = None) -> tuple[list[EngineEvent], str | None]:
+        """The run's engine events after ``cursor`` (oldest first), and the cursor to read on from:
+        how a client follows what a run reports without scanning it again."""
+        out: list[EngineEvent] = []
         while True:
             data = self.execute(
                 RUN_EVENTS_QUERY, {"runId": run_id, "cursor": cursor, "limit": _PAGE}, what="run events"
@@ -722,9 +726,10 @@ class DagsterGateway:
             conn = data["logsForRun"]
             _check_typename(conn, "EventConnection", "run events")
             for event in conn["events"]:
-                entries = event.get("metadataEntries")
-                if entries:
-                    out.append({e["label"]: metadata_value(e) for e in entries})
+                if event.get("__typename") != "EngineEvent":
+                    continue
+                metadata = {e["label"]: metadata_value(e) for e in event.get("metadataEntries") or ()}
+                out.append(EngineEvent(event.get("message") or "", metadata))
             cursor = conn.get("cursor") or cursor
             if not conn.get("hasMore"):
                 return out, cursor

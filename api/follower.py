@@ -37,6 +37,7 @@ from shotloom import stages
 from shotloom.api_config import ApiConfig
 
 log = logging.getLogger("shotloom.api")
+PRIORITY_TAG = "dagster/priority"
 KIND_TAG = "shotloom/kind"  # r2v | merge (the R2V API), v1 | image (the OpenAI dialect)
 FILM_ASSET = ("film",)  # the asset key of films (merges, stitched extensions), as GraphQL reads it
 STILLS = ("thumbnail", "spritesheet")  # image artifacts recorded beside each video
@@ -205,6 +206,8 @@ class Follower:
             }
             if job.shot_id:
                 tags["shotloom/shot_id"] = job.shot_id
+            if job.priority:
+                tags[PRIORITY_TAG] = str(job.priority)  # Dagster's queue order (higher first)
             self._uncertain.add(job.version_id)
             try:
                 run_id = self.gateway.submit(req["job_name"], req["run_config"], tags)
@@ -291,7 +294,8 @@ class Follower:
         """The run's stage times and progress, read on from the run events seen last time."""
         state = self._states.setdefault(run.run_id, RunState())
         events, state.cursor = self.gateway.engine_events(run.run_id, state.cursor)
-        for meta in events:
+        for event in events:
+            meta = event.metadata
             stage, at = meta.get(stages.STAGE_EVENT), meta.get(stages.AT_EVENT)
             if isinstance(stage, str) and isinstance(at, int | float):
                 state.stage_times[stage] = float(at)

@@ -33,10 +33,12 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    and_,
     create_engine,
     event,
     func,
     inspect,
+    or_,
     select,
     text,
     tuple_,
@@ -127,6 +129,8 @@ class Job(Base):
     dialect: Mapped[str] = mapped_column(String(16), default="r2v", server_default="r2v")
     submitter: Mapped[str | None] = mapped_column(String(255))
     cancel_requested_at: Mapped[float | None] = mapped_column(Float)
+    # Higher runs first (Dagster's dagster/priority); FIFO among equals. Operators change it.
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (
         Index("ix_jobs_kind_status_created", "kind", "status", "created_at"),
@@ -249,6 +253,7 @@ class JobRecord:
     dialect: str = "r2v"
     submitter: str | None = None
     cancel_requested_at: float | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -333,6 +338,7 @@ def _job_record(row: Job) -> JobRecord:
         dialect=row.dialect,
         submitter=row.submitter,
         cancel_requested_at=row.cancel_requested_at,
+        priority=row.priority or 0,
     )
 
 
@@ -445,6 +451,8 @@ def _note_changes(session: Session, _flush_context: Any) -> None:
             else:
                 history = inspect(obj).attrs.status.history
                 if "queued" in (*history.added, *history.deleted):
+                    session.info[_QUEUE_CHANGED] = True
+                if inspect(obj).attrs.priority.history.has_changes():  # the queue's order moved
                     session.info[_QUEUE_CHANGED] = True
         elif isinstance(obj, Artifact):
             touched.add(obj.version_id)
@@ -703,19 +711,22 @@ class Store:
     def _position(s: Session, row: Job) -> int | None:
         if row.status != "queued":
             return None
+        earlier = tuple_(Job.created_at, Job.version_id) < tuple_(row.created_at, row.version_id)
+        priority = row.priority or 0
         ahead = s.scalar(
             select(func.count())
             .select_from(Job)
             .where(
                 Job.kind == row.kind,
                 Job.status == "queued",
-                tuple_(Job.created_at, Job.version_id) < tuple_(row.created_at, row.version_id),
+                or_(Job.priority > priority, and_(Job.priority == priority, earlier)),
             )
         )
         return int(ahead or 0) + 1
 
     def queue_position(self, version_id: str) -> int | None:
-        """1-based FIFO position among queued jobs of the same kind; None unless the job is queued."""
+        """1-based position among queued jobs of the same kind (higher priority first, then FIFO);
+        None unless the job is queued."""
         with self._read() as s:
             row = s.get(Job, version_id)
             return self._position(s, row) if row is not None else None
@@ -740,7 +751,7 @@ class Store:
             rows = s.execute(
                 select(Job.kind, Job.version_id)
                 .where(Job.status == "queued")
-                .order_by(Job.created_at, Job.version_id)
+                .order_by(Job.priority.desc(), Job.created_at, Job.version_id)
             ).all()
         counts: dict[str, int] = {}
         positions = {}
@@ -756,6 +767,25 @@ class Store:
             .order_by(Artifact.created_at, Artifact.artifact_id)
         ).all()
         return [_artifact_record(a) for a in rows]
+
+    def set_priority(self, version_id: str, priority: int) -> JobRecord:
+        """A queued job's priority (higher runs first). UnknownVersion / ValueError (not queued)."""
+        with self._write() as s:
+            row = s.get(Job, version_id)
+            if row is None:
+                raise UnknownVersion(version_id)
+            if row.status != "queued":
+                raise ValueError(f"version {version_id} is {row.status}, not queued")
+            row.priority = priority
+            row.updated_at = time.time()
+            return _job_record(row)
+
+    def queued_of_work(self, work_id: str) -> list[JobRecord]:
+        with self._read() as s:
+            rows = s.scalars(
+                select(Job).where(Job.work_id == work_id, Job.status == "queued").order_by(Job.created_at)
+            ).all()
+            return [_job_record(r) for r in rows]
 
     def request_cancel(self, version_id: str) -> JobRecord:
         """Record that a client asked to stop the job (durable: the follower acts on it)."""

@@ -1,9 +1,14 @@
-"""The run queue: Dagster's QueuedRunCoordinator with a sub-second dequeue interval.
+"""The run queue: Dagster's QueuedRunCoordinator with a sub-second dequeue interval, and the
+operator's queue control (pause intake to the devices, change a queued run's priority).
 
 The stock coordinator takes whole seconds, and a run submitted to idle workers waits on
 average half an interval plus one daemon iteration before it is launched: with 1 s that
 was the largest piece of the per-run orchestration overhead (bench/scheduler.py). The
 daemon's interval loop sleeps in 0.5 s slices, so intervals below 0.5 s behave as 0.5 s.
+
+The daemon asks for the queue's config at every dequeue: that is where queue control applies.
+Paused, device runs get a limit of 0 (they stay queued; merges still go); a priority change sets
+``dagster/priority`` on the queued run. Each is recorded as an event on the runs it affects.
 """
 
 from __future__ import annotations
@@ -11,14 +16,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dagster import Field, Float
+from dagster import DagsterRunStatus, Field, Float, RunsFilter, StringSource
 from dagster._config.config_schema import UserConfigSchema
-from dagster._core.run_coordinator.queued_run_coordinator import QueuedRunCoordinator
+from dagster._core.run_coordinator.queued_run_coordinator import QueuedRunCoordinator, RunQueueConfig
+from dagster._core.storage.tags import PRIORITY_TAG
+
+from orchestration.launcher import GPU_TAG
+from orchestration.queue_control import QueueControl
 
 
 class DeviceRunCoordinator(QueuedRunCoordinator):
-    def __init__(self, dequeue_interval_seconds: float | None = None, **kwargs: Any):
+    def __init__(
+        self, dequeue_interval_seconds: float | None = None, state_dir: str | None = None, **kwargs: Any
+    ):
         super().__init__(**kwargs)
+        self._control = QueueControl(state_dir) if state_dir else None
+        self._was_paused: bool | None = None
         if dequeue_interval_seconds is not None:
             if dequeue_interval_seconds <= 0:
                 raise ValueError(f"dequeue_interval_seconds must be > 0, got {dequeue_interval_seconds}")
@@ -27,6 +40,53 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
     @property
     def dequeue_interval_seconds(self) -> float:  # type: ignore[override]
         return self._dequeue_interval_seconds
+
+    def get_run_queue_config(self) -> RunQueueConfig:
+        config = super().get_run_queue_config()
+        if self._control is None or not self.has_instance:
+            return config
+        self._apply_priorities()
+        paused = self._control.paused()
+        if (paused is not None) != bool(self._was_paused):
+            self._record_pause(paused)
+            self._was_paused = paused is not None
+        if paused is None:
+            return config
+        limits = [dict(limit) for limit in config.tag_concurrency_limits if limit.get("key") != GPU_TAG]
+        return config._replace(tag_concurrency_limits=[*limits, {"key": GPU_TAG, "limit": 0}])
+
+    def _queued_device_runs(self):
+        runs = self._instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED]))
+        return [r for r in runs if GPU_TAG in r.tags]
+
+    def _apply_priorities(self) -> None:
+        for run_id, request, path in self._control.priority_requests():
+            run = self._instance.get_run_by_id(run_id)
+            if run is not None and run.status == DagsterRunStatus.QUEUED:
+                priority = int(request["priority"])
+                self._instance.add_run_tags(run_id, {PRIORITY_TAG: str(priority)})
+                self._instance.report_engine_event(
+                    f"Queue priority set to {priority} by {request.get('by', 'an operator')}", run
+                )
+            path.unlink(missing_ok=True)
+
+    def _record_pause(self, paused: dict[str, Any] | None) -> None:
+        if self._was_paused is None and paused is None:
+            return  # the daemon started with intake running: nothing changed
+        message = (
+            f"Intake to the devices paused by {paused.get('by', 'an operator')}: this run waits in the queue"
+            if paused is not None
+            else "Intake to the devices resumed"
+        )
+        for run in self._queued_device_runs():
+            self._instance.report_engine_event(message, run)
+
+    @classmethod
+    def from_config_value(cls, inst_data: Any, config_value: Mapping[str, Any]) -> DeviceRunCoordinator:
+        coordinator = super().from_config_value(inst_data, config_value)
+        if config_value.get("state_dir"):
+            coordinator._control = QueueControl(config_value["state_dir"])
+        return coordinator
 
     @classmethod
     def config_type(cls) -> UserConfigSchema:
@@ -37,5 +97,10 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
                 Float,
                 is_required=False,
                 description="How often the daemon checks the queue (seconds; may be fractional).",
+            ),
+            "state_dir": Field(
+                StringSource,
+                is_required=False,
+                description="The server's state dir: queue control requests live under <state_dir>/queue.",
             ),
         }

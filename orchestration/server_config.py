@@ -209,6 +209,7 @@ class ServerConfig(_Strict):
                 "class": "DeviceRunCoordinator",
                 "config": {
                     "dequeue_interval_seconds": self.dequeue_interval_seconds,
+                    "state_dir": str(self.state_dir),  # queue control (pause, priorities) lives there
                     # One limit on the key (not per value): any free worker takes the oldest run.
                     "tag_concurrency_limits": [{"key": GPU_TAG, "limit": len(self.workers.devices)}],
                 },

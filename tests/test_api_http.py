@@ -11,6 +11,7 @@ import base64
 import io
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -270,10 +271,55 @@ def test_runs_show_few_tags_and_report_stages_as_events(api):
     assert tags["shotloom/worker"] in ("cpu-0", "cpu-1") and tags["user"] == "api"
     assert tags["shotloom/version_id"] == done["version_id"] and tags["shotloom/stage"] == "succeeded"
     events, _ = gateway.engine_events(done["run_id"])
-    entered = [e[stages.STAGE_EVENT] for e in events if stages.STAGE_EVENT in e]
+    entered = [e.metadata[stages.STAGE_EVENT] for e in events if stages.STAGE_EVENT in e.metadata]
     assert entered[:2] == ["claimed", "validating"] and {"inferring", "decoding", "writing"} <= set(entered)
-    assert any(stages.PROGRESS_EVENT in e for e in events)
+    assert any(stages.PROGRESS_EVENT in e.metadata for e in events)
     assert list(done["stage_times"])[:2] == ["claimed", "validating"]  # the API read them back
+
+
+def test_operators_pause_reorder_and_cancel_the_queue(api):
+    from api.dagster_client import DagsterGateway
+
+    web = yaml.safe_load(api.config.read_text())["webserver"]
+    gateway = DagsterGateway(web["host"], web["port"])
+    assert api.client.post(api.base + "/queue/pause").json()["paused"] is True
+    try:
+        a, b, c = (api.post("/r2v", shot(f"q-{n}")).json()["version_id"] for n in "abc")
+        scratch = [
+            api.post("/r2v", {**shot(f"tmp-{n}"), "work_id": "scratch"}).json()["version_id"] for n in (1, 2)
+        ]
+        runs = {
+            v: wait_for(lambda v=v: api.get(f"/version/{v}").json().get("run_id"), 30, "runs")
+            for v in (a, b, c)
+        }
+        time.sleep(3)  # several dequeues: nothing starts while intake is paused
+        assert all(api.get(f"/version/{v}").json()["stage"] == "queued" for v in (a, b, c))
+
+        moved = api.client.post(api.base + f"/queue/jobs/{c}/priority", json={"priority": 10}).json()
+        assert (moved["priority"], moved["position"]) == (10, 1)
+        order = [q["version_id"] for q in api.get("/queue").json()["queued"]]
+        assert order[:3] == [c, a, b]
+        finished = api.find_version("s1")
+        resp = api.client.post(api.base + f"/queue/jobs/{finished}/priority", json={"priority": 1})
+        assert resp.status_code == 409
+
+        cancelled = api.client.post(api.base + "/queue/works/scratch/cancel").json()["cancelled"]
+        assert sorted(cancelled) == sorted(scratch)
+        assert all(api.get(f"/version/{v}").json()["stage"] == "canceled" for v in scratch)
+
+        # Each action is an event on the runs it touched (recorded by the daemon's coordinator).
+        def messages(v: str) -> list[str]:
+            return [e.message for e in gateway.engine_events(runs[v])[0]]
+
+        wait_for(lambda: any("Queue priority set to 10" in m for m in messages(c)), 30, "the priority event")
+        assert any("Intake to the devices paused" in m for m in messages(a))
+    finally:
+        assert api.client.post(api.base + "/queue/resume").json()["paused"] is False
+    done = {v: api.wait_version(v) for v in (a, b, c)}
+    assert all(d["status"] == "succeeded" for d in done.values())
+    times = [done[v]["stage_times"]["claimed"] for v in (c, a, b)]
+    assert times == sorted(times)  # the raised one went first, then FIFO
+    assert any("resumed" in e.message for e in gateway.engine_events(runs[b])[0])
 
 
 def test_a_run_dagster_refuses_fails_its_job_and_blocks_no_other(api):

@@ -285,7 +285,7 @@ def test_previous_release_state_upgrades_in_place(db_url):
 def test_fresh_store_is_at_head_and_matches_the_models(db_url):
     store = Store(db_url)
     try:
-        assert _revisions(store) == (migrations.head(),) == ("0003_characters",)
+        assert _revisions(store) == (migrations.head(),) == ("0004_job_priority",)
         assert _schema_diffs(store) == []
         job = store.accept(NewJob(kind="merge", work_id="w", request={}, payload_hash="h")).job
         assert (job.dialect, job.submitter, job.cancel_requested_at) == ("r2v", None, None)

@@ -31,8 +31,10 @@ from api.store import (
     JobRecord,
     NewJob,
     Store,
+    UnknownVersion,
     payload_hash,
 )
+from orchestration.queue_control import QueueControl
 from shotloom import stages
 from shotloom.api_config import ApiConfig
 from shotloom.capabilities import Capabilities, CapabilityError
@@ -90,6 +92,7 @@ class JobService:
         self.published_capabilities = capabilities
         self.defaults = defaults or Defaults()
         self.terminate = terminate
+        self.queue = QueueControl(state_dir)  # pause / priorities, applied by the daemon's coordinator
 
     # -- shared steps ---------------------------------------------------------------------------
     def capabilities(self) -> Capabilities | None:
@@ -485,6 +488,24 @@ class JobService:
             # Dagster cancels a queued run on the spot: it never reached a worker.
             return self.store.update_status(version_id, status="cancelled", stage="canceled", error=None)
         return fresh
+
+    # -- queue control (operators) ----------------------------------------------------------------
+    def set_priority(self, version_id: str, priority: int, by: str) -> JobRecord:
+        """Move a queued job in the queue (higher first). Submitted runs get the change at the
+        daemon's next dequeue (an event on the run says who); not queued: Conflict."""
+        try:
+            job = self.store.set_priority(version_id, priority)
+        except UnknownVersion:
+            raise NotFound(f"unknown version {version_id!r}") from None
+        except ValueError as exc:
+            raise Conflict(str(exc), "version_id") from None
+        if job.run_id is not None:
+            self.queue.request_priority(job.run_id, priority, by)
+        return job
+
+    def cancel_work(self, work_id: str) -> list[JobRecord]:
+        """Cancel every queued job of a work (running ones go on)."""
+        return [self.cancel(job.version_id) for job in self.store.queued_of_work(work_id)]
 
     def delete(self, version_id: str) -> JobRecord:
         """Remove a finished job, its artifacts and files. Unfinished jobs: Conflict."""

@@ -1,0 +1,94 @@
+"""Operator routes: queue control over HTTP (behind the API key when keys are set).
+
+    GET  /queue                             paused or not, queued and running jobs (in queue order)
+    POST /queue/pause, /queue/resume        intake to the devices (queued jobs wait; nothing is lost)
+    POST /queue/jobs/{version_id}/priority  {"priority": int}: higher runs first
+    POST /queue/works/{work_id}/cancel      every queued job of a work
+
+The daemon's run coordinator applies pause and priorities at its next dequeue and records each as
+an event on the runs it affects (:mod:`orchestration.coordinator`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, Field
+
+from api.context import ApiContext
+from api.deps import submitter_dependency
+from api.r2v.serving import ApiError, r2v_errors
+
+
+class PriorityRequest(BaseModel):
+    priority: int = Field(ge=-1000, le=1000, description="Higher runs first; 0 is the default.")
+
+
+class QueueState(BaseModel):
+    paused: bool
+    paused_by: str | None = None
+    paused_at: float | None = None
+    queued: list[dict[str, Any]] = Field(description="Queued jobs in the order they will start.")
+    running: int
+
+
+def operator_router(ctx: ApiContext) -> APIRouter:
+    submitter = submitter_dependency(ctx.keys, lambda message: ApiError(401, message))
+    router = APIRouter(prefix="/queue", tags=["operator"], dependencies=[Depends(submitter)])
+    control = ctx.jobs.queue
+
+    def state() -> QueueState:
+        paused = control.paused()
+        positions = ctx.store.queue_positions()
+        queued = []
+        for version_id, position in sorted(positions.items(), key=lambda kv: kv[1]):
+            job = ctx.store.get(version_id)
+            if job is not None:
+                fields = ("version_id", "kind", "work_id", "shot_id", "priority")
+                queued.append({**{k: getattr(job, k) for k in fields}, "position": position})
+        running = sum(ctx.store.counts_by_status(k)["running"] for k in ("r2v", "merge"))
+        return QueueState(
+            paused=paused is not None,
+            paused_by=(paused or {}).get("by"),
+            paused_at=(paused or {}).get("at"),
+            queued=queued,
+            running=running,
+        )
+
+    @router.get("", response_model=QueueState)
+    def get_queue() -> QueueState:
+        return state()
+
+    @router.post("/pause", response_model=QueueState)
+    def pause(who: str = Depends(submitter)) -> QueueState:  # noqa: B008 - FastAPI resolves it per request
+        """Stop starting device runs: queued jobs wait (merges still run); nothing is lost."""
+        control.pause(who)
+        return state()
+
+    @router.post("/resume", response_model=QueueState)
+    def resume() -> QueueState:
+        control.resume()
+        return state()
+
+    @router.post("/jobs/{version_id}/priority", responses={404: {}, 409: {"description": "Not queued."}})
+    async def set_priority(
+        version_id: str,
+        body: PriorityRequest,
+        who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
+    ) -> dict[str, Any]:
+        with r2v_errors():
+            job = await run_in_threadpool(ctx.jobs.set_priority, version_id, body.priority, who)
+        return {
+            "version_id": job.version_id,
+            "priority": job.priority,
+            "position": ctx.store.queue_position(version_id),
+        }
+
+    @router.post("/works/{work_id}/cancel")
+    async def cancel_work(work_id: str) -> dict[str, Any]:
+        jobs = await run_in_threadpool(ctx.jobs.cancel_work, work_id)
+        return {"work_id": work_id, "cancelled": [j.version_id for j in jobs]}
+
+    return router
