@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
+import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -397,3 +399,52 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
     slot = s4["inputs"]["memory_slots[0]"]
     assert slot["version_id"] == versions[0] and slot["shot_id"] == "s1" and len(slot["sha256"]) == 64
     assert api.get(f"/version/{versions[1]}").json()["inputs"] == s4["inputs"]
+
+
+# -- the Dagster UI, in a real headless Chromium -------------------------------------------------
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None and not os.environ.get("CI"),
+    reason="Debian's chromium is not installed (.ci/run installs it)",
+)
+def test_an_operator_sees_lineage_runs_stages_and_partitions_in_the_ui(api, tmp_path):
+    """Runs after the shots and the merge above: the pages an operator opens, rendered by Chromium
+    (Debian's package, driven by Playwright; no browser is downloaded), with screenshots."""
+    from playwright.sync_api import sync_playwright
+
+    web = yaml.safe_load(api.config.read_text())["webserver"]
+    ui = f"http://{web['host']}:{web['port']}"
+    s1 = api.get(f"/version/{api.find_version('s1')}").json()
+    seen: dict[str, str] = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+
+        def visit(name: str, path: str, expect: str) -> str:
+            page.goto(ui + path)
+            page.get_by_text(expect).first.wait_for(timeout=30_000)
+            page.wait_for_load_state("networkidle")
+            page.screenshot(path=tmp_path / f"{name}.png")
+            seen[name] = text = page.inner_text("body")
+            return text
+
+        try:
+            lineage = visit("lineage", "/asset-groups", "Global asset lineage")
+            assert "shot" in lineage and "film" in lineage
+            upstream = visit("film-lineage", "/assets/film?view=lineage", "Lineage")
+            assert "shot" in upstream  # the edge: film depends on shot
+            runs = visit("runs", "/runs", "Launched by")
+            assert "shotloom/worker: cpu-0" in runs and "shotloom/worker: cpu-1" in runs  # each run's device
+            assert "shotloom/work_id: film" in runs and "shotloom/kind: merge" in runs
+            assert "shotloom/stage_at" not in runs and "admission_plan" not in runs  # hidden, not listed
+            run = visit("run", f"/runs/{s1['run_id']}", "ENGINE_EVENT")
+            assert "stage: " in run and "shotloom/stage" in run  # stage events with their metadata
+            partitions = visit("shot-partitions", "/assets/shot?view=partitions", "Materialized")
+            assert "s1" in partitions and "film" in partitions
+        finally:
+            browser.close()
+    for name, text in seen.items():
+        assert "Join the Dagster community" not in text and "Sign up" not in text, name
+    assert sorted(x.name for x in tmp_path.glob("*.png")) == sorted(f"{n}.png" for n in seen)
