@@ -38,6 +38,7 @@ from shotloom.api_config import ApiConfig
 
 log = logging.getLogger("shotloom.api")
 PRIORITY_TAG = "dagster/priority"
+RERENDER_TAG = "shotloom/rerender"
 KIND_TAG = "shotloom/kind"  # r2v | merge (the R2V API), v1 | image (the OpenAI dialect)
 FILM_ASSET = ("film",)  # the asset key of films (merges, stitched extensions), as GraphQL reads it
 STILLS = ("thumbnail", "spritesheet")  # image artifacts recorded beside each video
@@ -208,6 +209,8 @@ class Follower:
                 tags["shotloom/shot_id"] = job.shot_id
             if job.priority:
                 tags[PRIORITY_TAG] = str(job.priority)  # Dagster's queue order (higher first)
+            if "rerender" in req:  # why this run exists: an operator filters re-renders by it
+                tags[RERENDER_TAG] = req["rerender"].get("reason") or "rerender"
             self._uncertain.add(job.version_id)
             try:
                 run_id = self.gateway.submit(req["job_name"], req["run_config"], tags)

@@ -11,7 +11,8 @@ an event on the runs it affects (:mod:`orchestration.coordinator`).
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends
 from fastapi.concurrency import run_in_threadpool
@@ -24,6 +25,20 @@ from api.r2v.serving import ApiError, r2v_errors
 
 class PriorityRequest(BaseModel):
     priority: int = Field(ge=-1000, le=1000, description="Higher runs first; 0 is the default.")
+
+
+class RerenderRequest(BaseModel):
+    works: list[str] | None = Field(default=None, description="Works to re-render (default: all).")
+    shots: list[str] | None = Field(default=None, description="Shot ids (default: every shot).")
+    seed: Literal["keep", "new"] = "keep"
+    priority: int = Field(default=-10, ge=-1000, le=1000, description="Below interactive requests (0).")
+    reason: str = Field(default="manual", min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_.-]+$")
+    key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="Idempotency: the same key queues nothing twice.",
+    )
 
 
 class QueueState(BaseModel):
@@ -85,6 +100,27 @@ def operator_router(ctx: ApiContext) -> APIRouter:
             "priority": job.priority,
             "position": ctx.store.queue_position(version_id),
         }
+
+    @router.post("/rerender")
+    async def rerender(
+        body: RerenderRequest,
+        who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
+    ) -> dict[str, Any]:
+        """A new version of every matching shot, from the same request and inputs (its newest
+        success), queued below interactive work; the runs carry ``shotloom/rerender: <reason>``."""
+        key = body.key or uuid.uuid4().hex
+        with r2v_errors():
+            accepted = await run_in_threadpool(
+                ctx.jobs.rerender, body.works, body.shots, body.seed, body.priority, body.reason, key, who
+            )
+        return {
+            "key": key,
+            "accepted": [
+                {"version_id": a.job.version_id, "work_id": a.job.work_id, "shot_id": a.job.shot_id,
+                 "rerender_of": a.job.request["rerender"]["of"], "created": a.created}
+                for a in accepted
+            ],
+        }  # fmt: skip
 
     @router.post("/works/{work_id}/cancel")
     async def cancel_work(work_id: str) -> dict[str, Any]:

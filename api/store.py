@@ -226,6 +226,7 @@ class NewJob:
     version_id: str | None = None  # default: a fresh uuid4 hex
     dialect: str = "r2v"  # the HTTP dialect that created the job: 'r2v' or 'openai'
     submitter: str | None = None  # the submitting API key's name
+    priority: int = 0  # higher runs first (re-renders go below interactive requests)
 
 
 @dataclass(frozen=True)
@@ -577,6 +578,7 @@ class Store:
                     updated_at=now,
                     dialect=job.dialect,
                     submitter=job.submitter,
+                    priority=job.priority,
                 )
                 s.add(row)
                 s.flush()  # the job first: the key's foreign key points at it
@@ -916,6 +918,20 @@ class Store:
         counts = dict.fromkeys(STATUSES, 0)
         counts.update({status: int(n) for status, n in rows})
         return counts
+
+    def latest_shots(self, work_ids: list[str] | None, shot_ids: list[str] | None) -> list[JobRecord]:
+        """The newest successful version of every shot (R2V and /v1 videos; not images or films),
+        optionally only of some works and shots, in (work, shot) order."""
+        with self._read() as s:
+            query = select(Job).where(Job.kind == "r2v", Job.status == "succeeded", Job.dialect != "images")
+            if work_ids is not None:
+                query = query.where(Job.work_id.in_(work_ids))
+            if shot_ids is not None:
+                query = query.where(Job.shot_id.in_(shot_ids))
+            newest: dict[tuple[str, str], Job] = {}
+            for row in s.scalars(query.order_by(Job.finished_at, Job.created_at)).all():
+                newest[(row.work_id, row.shot_id or "")] = row  # later rows win
+            return [_job_record(newest[k]) for k in sorted(newest)]
 
     def newest_succeeded_shot(self, work_id: str, shot_id: str) -> JobRecord | None:
         """The newest successful R2V job for ``(work_id, shot_id)`` (a memory slot's ``shot_id``)."""

@@ -448,3 +448,29 @@ def test_an_operator_sees_lineage_runs_stages_and_partitions_in_the_ui(api, tmp_
     for name, text in seen.items():
         assert "Join the Dagster community" not in text and "Sign up" not in text, name
     assert sorted(x.name for x in tmp_path.glob("*.png")) == sorted(f"{n}.png" for n in seen)
+
+
+# Last: it makes new versions of s1 (the tests above read s1 as first made).
+def test_a_manual_rerender_makes_new_versions_below_interactive_work(api):
+    from api.dagster_client import DagsterGateway
+
+    before = api.find_version("s1")
+    body = {"works": ["film"], "shots": ["s1"], "seed": "keep", "reason": "new-checkpoint", "key": "tick-1"}
+    answer = api.client.post(api.base + "/queue/rerender", json=body).json()
+    [made] = answer["accepted"]
+    assert (made["shot_id"], made["rerender_of"], made["created"]) == ("s1", before, True)
+    again = api.client.post(api.base + "/queue/rerender", json=body).json()["accepted"]
+    assert [(a["version_id"], a["created"]) for a in again] == [(made["version_id"], False)]  # same key: once
+    done = api.wait_version(made["version_id"])
+    assert done["status"] == "succeeded" and done["derived_from"] == [before]
+    assert api.find_version("s1") == made["version_id"]  # memory by shot_id now takes the re-render
+    old = api.get(f"/version/{before}").json()
+    assert done["result"]["seed"] == old["result"]["seed"]  # seed kept
+    web = yaml.safe_load(api.config.read_text())["webserver"]
+    tags = DagsterGateway(web["host"], web["port"]).run(done["run_id"]).tags
+    assert tags["shotloom/rerender"] == "new-checkpoint" and tags["dagster/priority"] == "-10"
+    fresh = api.client.post(
+        api.base + "/queue/rerender", json={**body, "seed": "new", "key": "tick-2"}
+    ).json()
+    new_seed = api.wait_version(fresh["accepted"][0]["version_id"])["result"]["seed"]
+    assert new_seed != old["result"]["seed"]

@@ -9,6 +9,7 @@ which also reconciles accepted-but-unsubmitted jobs at start. No torch, no HTTP 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import shutil
 import statistics
@@ -502,6 +503,48 @@ class JobService:
         if job.run_id is not None:
             self.queue.request_priority(job.run_id, priority, by)
         return job
+
+    def rerender(
+        self,
+        works: list[str] | None,
+        shots: list[str] | None,
+        seed: str,
+        priority: int,
+        reason: str,
+        key: str,
+        submitter: str,
+    ) -> list[Accepted]:
+        """A new version of every matching shot (its newest success), from the same request and
+        inputs: the seed kept or drawn anew, below interactive work in the queue, one idempotency
+        key per shot and ``key`` (a trigger repeated with its key queues nothing twice)."""
+        import secrets
+
+        out = []
+        for job in self.store.latest_shots(works, shots):
+            request = copy.deepcopy(job.request)
+            config = request["run_config"]["ops"]["condition_op"]["config"]
+            if seed == "new":
+                config["seed"] = secrets.randbelow(2**32)
+            lineage = config.setdefault("lineage", {"inputs": {}, "derived_from": []})
+            lineage["derived_from"] = sorted({*lineage.get("derived_from", []), job.version_id})
+            request["rerender"] = {"of": job.version_id, "reason": reason, "seed": seed}
+            payload = {"kind": "rerender", "of": job.version_id, "seed": seed, "reason": reason}
+            new = NewJob(
+                kind="r2v",
+                work_id=job.work_id,
+                shot_id=job.shot_id,
+                job_id=f"rerender:{key}:{job.work_id}:{job.shot_id}",
+                payload_hash=payload_hash(payload),
+                callback_url=job.callback_url,
+                callback_context=job.callback_context,
+                request=request,
+                dialect=job.dialect,
+                submitter=submitter,
+                priority=priority,
+            )
+            self.check_queue("r2v")
+            out.append(self._accept(new))
+        return out
 
     def cancel_work(self, work_id: str) -> list[JobRecord]:
         """Cancel every queued job of a work (running ones go on)."""
