@@ -59,6 +59,8 @@ class Stack:
             "DAGSTER_HOME": str(cfg.dagster_home),
             "SHOTLOOM_STATE_DIR": str(cfg.state_dir),
             "SHOTLOOM_INFERENCE_CONFIG": str(cfg.inference_config()),
+            "SHOTLOOM_SERVER_CONFIG": str(self.config_path),  # the code location's schedules
+            "SHOTLOOM_API_URL": cfg.api.base_url(),  # where re-render runs reach the API
             "SHOTLOOM_MEDIA_ROOT": str(cfg.media_root),
             "SHOTLOOM_STEP_STORAGE": str(cfg.step_storage),
         }

@@ -116,6 +116,18 @@ class SupervisionConfig(_Strict):
     restart_window_seconds: float = Field(default=60, gt=0, description="...before the service stops.")
 
 
+class RerenderSchedule(_Strict):
+    """A scheduled re-render: new versions of the matching shots on a cron, below interactive work."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_]+$", description="The schedule's name (and the runs' reason).")
+    cron: str = Field(description='Cron schedule, e.g. "0 3 * * *" (nightly at 03:00).')
+    timezone: str = "UTC"
+    works: list[str] | None = Field(default=None, description="Works to re-render (default: all).")
+    shots: list[str] | None = Field(default=None, description="Shot ids (default: every shot).")
+    seed: Literal["keep", "new"] = "keep"
+    priority: int = Field(default=-10, ge=-1000, le=1000)
+
+
 class ServerConfig(_Strict):
     state_dir: Path = Field(default=Path("var/server"), description="Instance home, logs, worker registry.")
     webserver: WebserverConfig = WebserverConfig()
@@ -132,6 +144,9 @@ class ServerConfig(_Strict):
     media_root: Path | None = Field(default=None, description="Default: <state_dir>/media.")
     step_storage: Path | None = Field(default=None, description="Default: <state_dir>/steps.")
     workspace: Path = Field(default=Path("workspace.yaml"))
+    rerender: list[RerenderSchedule] = Field(
+        default_factory=list, description="Scheduled re-renders (Dagster schedules in the code location)."
+    )
 
     @classmethod
     def load(cls, path: str | Path) -> ServerConfig:

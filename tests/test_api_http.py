@@ -307,7 +307,8 @@ def test_operators_pause_reorder_and_cancel_the_queue(api):
 
         cancelled = api.client.post(api.base + "/queue/works/scratch/cancel").json()["cancelled"]
         assert sorted(cancelled) == sorted(scratch)
-        assert all(api.get(f"/version/{v}").json()["stage"] == "canceled" for v in scratch)
+        for v in scratch:  # at once when Dagster had queued the run, else when the follower retries
+            wait_for(lambda v=v: api.get(f"/version/{v}").json()["stage"] == "canceled", 30, f"{v} cancelled")
 
         # Each action is an event on the runs it touched (recorded by the daemon's coordinator).
         def messages(v: str) -> list[str]:
@@ -474,3 +475,27 @@ def test_a_manual_rerender_makes_new_versions_below_interactive_work(api):
     ).json()
     new_seed = api.wait_version(fresh["accepted"][0]["version_id"])["result"]["seed"]
     assert new_seed != old["result"]["seed"]
+
+
+def test_the_rerender_job_from_the_launchpad_goes_through_the_api(api):
+    """What an operator launches from the Launchpad (and what a schedule tick runs): the small
+    rerender job, on the stock launcher (no device), asking the API for new versions."""
+    from api.dagster_client import DagsterGateway
+
+    before = api.find_version("s2")
+    web = yaml.safe_load(api.config.read_text())["webserver"]
+    gateway = DagsterGateway(web["host"], web["port"])
+    config = {
+        "works": ["film"],
+        "shots": ["s2"],
+        "seed": "keep",
+        "priority": -5,
+        "reason": "launchpad",
+        "key": "lp-1",
+    }
+    run_id = gateway.submit("rerender", {"ops": {"rerender_op": {"config": config}}}, {})
+    run = wait_for(lambda: (r := gateway.run(run_id)).finished and r, 120, "the rerender run")
+    assert run.status == "SUCCESS", run
+    newer = wait_for(lambda: (v := api.find_version("s2")) != before and v, 120, "the new version of s2")
+    done = api.wait_version(newer)
+    assert done["derived_from"] == [before] and done["status"] == "succeeded"
