@@ -11,7 +11,16 @@ shot twice). An operator runs it from the Launchpad with the same config.
 import os
 
 import httpx
-from dagster import Config, OpExecutionContext, RunRequest, ScheduleEvaluationContext, job, op, schedule
+from dagster import (
+    Config,
+    DefaultScheduleStatus,
+    OpExecutionContext,
+    RunRequest,
+    ScheduleEvaluationContext,
+    job,
+    op,
+    schedule,
+)
 from pydantic import Field
 
 from orchestration.server_config import RerenderSchedule, ServerConfig
@@ -58,7 +67,13 @@ def schedules_for(cfg: ServerConfig | None) -> list:
 
 
 def _schedule(entry: RerenderSchedule):
-    @schedule(name=entry.name, cron_schedule=entry.cron, job=rerender, execution_timezone=entry.timezone)
+    @schedule(
+        name=entry.name,
+        cron_schedule=entry.cron,
+        job=rerender,
+        execution_timezone=entry.timezone,
+        default_status=DefaultScheduleStatus.RUNNING,  # listed in the YAML: meant to run
+    )
     def tick(context: ScheduleEvaluationContext) -> RunRequest:
         key = f"{entry.name}:{context.scheduled_execution_time.isoformat()}"
         config = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from dagster import build_schedule_context
+from dagster import DefaultScheduleStatus, build_schedule_context
 
 from orchestration.rerender import rerender, schedules_for
 from orchestration.server_config import ServerConfig
@@ -26,6 +26,7 @@ def test_each_schedule_ticks_one_keyed_rerender_run(tmp_path):
     nightly, weekly = schedules_for(cfg)
     assert (nightly.name, nightly.cron_schedule, nightly.job_name) == ("nightly", "0 3 * * *", rerender.name)
     assert weekly.cron_schedule == "0 4 * * 1"
+    assert nightly.default_status == DefaultScheduleStatus.RUNNING  # listed in the YAML: it runs
     tick = datetime(2026, 12, 4, 3, 0, tzinfo=UTC)
     [request] = nightly.evaluate_tick(build_schedule_context(scheduled_execution_time=tick)).run_requests
     config = request.run_config["ops"]["rerender_op"]["config"]
