@@ -14,15 +14,19 @@ import httpx
 from dagster import (
     Config,
     DefaultScheduleStatus,
+    DefaultSensorStatus,
     OpExecutionContext,
     RunRequest,
     ScheduleEvaluationContext,
+    SensorEvaluationContext,
     job,
     op,
     schedule,
+    sensor,
 )
 from pydantic import Field
 
+from ops.assets import SHOT_KEY
 from orchestration.server_config import RerenderSchedule, ServerConfig
 
 API_URL_ENV = "SHOTLOOM_API_URL"  # set by server.py for every process it starts
@@ -59,6 +63,60 @@ def rerender_op(context: OpExecutionContext, config: RerenderConfig) -> None:
 @job(description="Re-render shots through the API (new versions, below interactive work).")
 def rerender():
     rerender_op()
+
+
+CHECKPOINT_SENSOR = "rerender_on_new_checkpoint"
+
+
+def checkpoint_id(family: str, checkpoint: str) -> str:
+    """How a shot's materialization names its checkpoint (``ModelRuntime.checkpoint_id``)."""
+    return f"{family}:{checkpoint.rstrip('/').rsplit('/', 1)[-1]}"
+
+
+def _value(v):
+    return getattr(v, "value", v)  # a MetadataValue, or a plain value
+
+
+def stale_shots(instance, loaded: str, limit: int = 10_000) -> dict[str, list[str]]:
+    """{work: [shot, ...]} whose newest materialization was made with another checkpoint."""
+    newest: dict[str, tuple[str, str, str]] = {}
+    for record in instance.fetch_materializations(SHOT_KEY, limit=limit).records:  # newest first
+        mat = record.asset_materialization
+        if mat is None or mat.partition is None or mat.partition in newest:
+            continue
+        meta = mat.metadata
+        newest[mat.partition] = tuple(_value(meta.get(k)) for k in ("work_id", "shot_id", "checkpoint"))
+    out: dict[str, list[str]] = {}
+    for work, shot, made in newest.values():
+        if made and made != loaded and work and shot:
+            out.setdefault(work, []).append(shot)
+    return {w: sorted(s) for w, s in sorted(out.items())}
+
+
+def checkpoint_sensor(loaded: str, priority: int, interval_s: int = 60):
+    """Re-render the shots made with another checkpoint than the loaded one (once per work and
+    checkpoint: the run key), through the same job as the schedules. Evaluated in the code server."""
+
+    @sensor(
+        name=CHECKPOINT_SENSOR,
+        job=rerender,
+        minimum_interval_seconds=interval_s,
+        default_status=DefaultSensorStatus.RUNNING,
+    )
+    def on_new_checkpoint(context: SensorEvaluationContext):
+        for work, shots in stale_shots(context.instance, loaded).items():
+            key = f"checkpoint:{loaded}:{work}"
+            config = {"works": [work], "shots": shots, "seed": "keep", "priority": priority,
+                      "reason": "new-checkpoint", "key": key}  # fmt: skip
+            yield RunRequest(run_key=key, run_config={"ops": {"rerender_op": {"config": config}}})
+
+    return on_new_checkpoint
+
+
+def sensors_for(cfg: ServerConfig | None, loaded: str | None) -> list:
+    if cfg is None or not cfg.rerender_on_checkpoint_change or loaded is None:
+        return []
+    return [checkpoint_sensor(loaded, cfg.rerender_priority)]
 
 
 def schedules_for(cfg: ServerConfig | None) -> list:

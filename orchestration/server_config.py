@@ -147,6 +147,11 @@ class ServerConfig(_Strict):
     rerender: list[RerenderSchedule] = Field(
         default_factory=list, description="Scheduled re-renders (Dagster schedules in the code location)."
     )
+    rerender_on_checkpoint_change: bool = Field(
+        default=False,
+        description="A sensor re-renders every shot whose newest version was made with another checkpoint.",
+    )
+    rerender_priority: int = Field(default=-10, ge=-1000, le=1000, description="Of the sensor's re-renders.")
 
     @classmethod
     def load(cls, path: str | Path) -> ServerConfig:

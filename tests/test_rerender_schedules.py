@@ -42,3 +42,43 @@ def test_each_schedule_ticks_one_keyed_rerender_run(tmp_path):
     [again] = nightly.evaluate_tick(build_schedule_context(scheduled_execution_time=tick)).run_requests
     assert again.run_key == request.run_key
     assert schedules_for(None) == []
+
+
+def test_the_checkpoint_sensor_rerenders_shots_made_with_another_checkpoint(tmp_path):
+    from dagster import AssetMaterialization, DagsterInstance, build_sensor_context
+
+    from ops.assets import SHOT_KEY, register_shot_partition
+    from orchestration.rerender import CHECKPOINT_SENSOR, checkpoint_sensor, sensors_for
+
+    with DagsterInstance.ephemeral() as instance:
+        for work, shot, made in (
+            ("film", "s1", "wan:old"),
+            ("film", "s2", "wan:new"),
+            ("ad", "a1", "wan:old"),
+        ):
+            partition = register_shot_partition(instance, work, shot)
+            meta = {"work_id": work, "shot_id": shot, "checkpoint": made}
+            instance.report_runless_asset_event(
+                AssetMaterialization(SHOT_KEY, partition=partition, metadata=meta)
+            )
+        # s2 made again with the old one, then with the new one: its newest is current.
+        partition = register_shot_partition(instance, "film", "s2")
+        for made in ("wan:old", "wan:new"):
+            meta = {"work_id": "film", "shot_id": "s2", "checkpoint": made}
+            instance.report_runless_asset_event(
+                AssetMaterialization(SHOT_KEY, partition=partition, metadata=meta)
+            )
+
+        sensor = checkpoint_sensor("wan:new", priority=-20)
+        assert sensor.name == CHECKPOINT_SENSOR
+        requests = sensor.evaluate_tick(build_sensor_context(instance=instance)).run_requests
+        configs = {r.run_key: r.run_config["ops"]["rerender_op"]["config"] for r in requests}
+        assert set(configs) == {"checkpoint:wan:new:ad", "checkpoint:wan:new:film"}
+        film = configs["checkpoint:wan:new:film"]
+        assert (film["works"], film["shots"], film["priority"], film["reason"]) == (
+            ["film"],
+            ["s1"],
+            -20,
+            "new-checkpoint",
+        )
+    assert sensors_for(None, "wan:new") == []
