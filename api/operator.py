@@ -33,6 +33,12 @@ class RerenderRequest(BaseModel):
     seed: Literal["keep", "new"] = "keep"
     priority: int = Field(default=-10, ge=-1000, le=1000, description="Below interactive requests (0).")
     reason: str = Field(default="manual", min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_.-]+$")
+    requested_by: str | None = Field(
+        default=None,
+        max_length=127,
+        pattern=r"^[A-Za-z0-9_.:-]+$",
+        description='Who asked: the runs\' "launched by" (e.g. "schedule:nightly"); default: the key name.',
+    )
     key: str | None = Field(
         default=None,
         min_length=1,
@@ -111,7 +117,14 @@ def operator_router(ctx: ApiContext) -> APIRouter:
         key = body.key or uuid.uuid4().hex
         with r2v_errors():
             accepted = await run_in_threadpool(
-                ctx.jobs.rerender, body.works, body.shots, body.seed, body.priority, body.reason, key, who
+                ctx.jobs.rerender,
+                body.works,
+                body.shots,
+                body.seed,
+                body.priority,
+                body.reason,
+                key,
+                body.requested_by or who,
             )
         return {
             "key": key,

@@ -40,6 +40,7 @@ class RerenderConfig(Config):
     priority: int = Field(default=-10, description="Below interactive requests (0).")
     reason: str = Field(default="launchpad", description="Tagged on the re-render runs.")
     key: str = Field(description="Idempotency key: the same key never queues a shot twice.")
+    requested_by: str = Field(default="launchpad", description='The runs\' "launched by".')
 
 
 @op
@@ -106,8 +107,15 @@ def checkpoint_sensor(loaded: str, priority: int, interval_s: int = 60):
     def on_new_checkpoint(context: SensorEvaluationContext):
         for work, shots in stale_shots(context.instance, loaded).items():
             key = f"checkpoint:{loaded}:{work}"
-            config = {"works": [work], "shots": shots, "seed": "keep", "priority": priority,
-                      "reason": "new-checkpoint", "key": key}  # fmt: skip
+            config = {
+                "works": [work],
+                "shots": shots,
+                "seed": "keep",
+                "priority": priority,
+                "reason": "new-checkpoint",
+                "key": key,
+                "requested_by": f"sensor:{CHECKPOINT_SENSOR}",
+            }
             yield RunRequest(run_key=key, run_config={"ops": {"rerender_op": {"config": config}}})
 
     return on_new_checkpoint
@@ -141,6 +149,7 @@ def _schedule(entry: RerenderSchedule):
             "priority": entry.priority,
             "reason": entry.name,
             "key": key,
+            "requested_by": f"schedule:{entry.name}",
         }
         return RunRequest(run_key=key, run_config={"ops": {"rerender_op": {"config": config}}})
 

@@ -475,6 +475,12 @@ def test_a_manual_rerender_makes_new_versions_below_interactive_work(api):
     ).json()
     new_seed = api.wait_version(fresh["accepted"][0]["version_id"])["result"]["seed"]
     assert new_seed != old["result"]["seed"]
+    # s4 took s1 as memory: its re-render takes the newest s1, not the frame of its first making.
+    newest_s1 = api.find_version("s1")
+    s4 = api.client.post(api.base + "/queue/rerender", json={"shots": ["s4"], "key": "tick-3"}).json()
+    redo = api.wait_version(s4["accepted"][0]["version_id"])
+    assert redo["status"] == "succeeded", redo["error"]
+    assert redo["inputs"]["memory_slots[0]"]["version_id"] == newest_s1 != before
 
 
 def test_the_rerender_job_from_the_launchpad_goes_through_the_api(api):
@@ -499,3 +505,4 @@ def test_the_rerender_job_from_the_launchpad_goes_through_the_api(api):
     newer = wait_for(lambda: (v := api.find_version("s2")) != before and v, 120, "the new version of s2")
     done = api.wait_version(newer)
     assert done["derived_from"] == [before] and done["status"] == "succeeded"
+    assert gateway.run(done["run_id"]).tags["user"] == "launchpad"  # "launched by" who asked

@@ -31,6 +31,7 @@ def test_each_schedule_ticks_one_keyed_rerender_run(tmp_path):
     [request] = nightly.evaluate_tick(build_schedule_context(scheduled_execution_time=tick)).run_requests
     config = request.run_config["ops"]["rerender_op"]["config"]
     assert request.run_key == config["key"] == "nightly:2026-12-04T03:00:00+00:00"
+    assert config["requested_by"] == "schedule:nightly"  # the re-render runs' "launched by"
     assert (config["works"], config["shots"], config["seed"], config["priority"], config["reason"]) == (
         ["film"],
         None,

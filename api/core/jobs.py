@@ -525,8 +525,9 @@ class JobService:
             config = request["run_config"]["ops"]["condition_op"]["config"]
             if seed == "new":
                 config["seed"] = secrets.randbelow(2**32)
-            lineage = config.setdefault("lineage", {"inputs": {}, "derived_from": []})
-            lineage["derived_from"] = sorted({*lineage.get("derived_from", []), job.version_id})
+            self._renew_shot_memory(job, request, config)
+            made_from = config.setdefault("lineage", {"inputs": {}, "derived_from": []})
+            made_from["derived_from"] = sorted({*made_from.get("derived_from", []), job.version_id})
             request["rerender"] = {"of": job.version_id, "reason": reason, "seed": seed}
             payload = {"kind": "rerender", "of": job.version_id, "seed": seed, "reason": reason}
             new = NewJob(
@@ -545,6 +546,29 @@ class JobService:
             self.check_queue("r2v")
             out.append(self._accept(new))
         return out
+
+    def _renew_shot_memory(self, job: JobRecord, request: dict[str, Any], config: dict[str, Any]) -> None:
+        """A re-render's ``shot_id`` memory slots take the newest successful version of that shot
+        now, not the frame taken when the shot was first made (its other inputs stay as they were:
+        content-addressed files). Memory slots are the inputs with an ``image``, in slot order."""
+        caps = self.capabilities()
+        slots = [name for name, value in request.get("inputs", {}).items() if "image" in value]
+        for k, name in enumerate(slots):
+            shot_id = request["inputs"][name].get("shot_id")
+            if shot_id is None or k >= len(config.get("memory", [])):
+                continue
+            image, audio, version = self._shot_memory(
+                job.work_id, shot_id, f"{name}.shot_id", caps is None or caps.audio_in
+            )
+            config["memory"][k] = {"image": str(image.path), "audio": str(audio.path) if audio else None}
+            request["inputs"][name] = {
+                "image": describe(image),
+                "audio": describe(audio) if audio else None,
+                "version_id": version,
+                "shot_id": shot_id,
+            }
+        kept = {k: v for k, v in config.get("lineage", {}).items() if k not in ("inputs", "derived_from")}
+        config["lineage"] = {**lineage(request.get("inputs", {}), config.get("lora")), **kept}
 
     def cancel_work(self, work_id: str) -> list[JobRecord]:
         """Cancel every queued job of a work (running ones go on)."""
