@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from api.core.jobs import VERSION_TAG, VIDEO_KIND
+from api.core.jobs import VERSION_TAG, VIDEO_KIND, run_kind
 from api.dagster_client import (
     WILL_RETRY_TAG,
     DagsterGateway,
@@ -493,11 +493,6 @@ def callback_payload(job: JobRecord, store: Store, api: ApiConfig) -> dict[str, 
     if job.kind == "r2v" and "shot_id" not in payload:
         payload["shot_id"] = job.shot_id
     return payload
-
-
-def run_kind(job: JobRecord) -> str:
-    """The job kind an operator filters runs by."""
-    return {"openai": "v1", "images": "image"}.get(job.dialect, job.kind)
 
 
 def _int(value: Any) -> int | None:

@@ -30,6 +30,9 @@ class PriorityRequest(BaseModel):
 class RerenderRequest(BaseModel):
     works: list[str] | None = Field(default=None, description="Works to re-render (default: all).")
     shots: list[str] | None = Field(default=None, description="Shot ids (default: every shot).")
+    match: dict[Literal["shotloom/kind", "user"], str] | None = Field(
+        default=None, description='Only shots whose runs carry these tags, e.g. {"user": "studio-a"}.'
+    )
     seed: Literal["keep", "new"] = "keep"
     priority: int = Field(default=-10, ge=-1000, le=1000, description="Below interactive requests (0).")
     reason: str = Field(default="manual", min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_.-]+$")
@@ -125,6 +128,7 @@ def operator_router(ctx: ApiContext) -> APIRouter:
                 body.reason,
                 key,
                 body.requested_by or who,
+                body.match,
             )
         return {
             "key": key,

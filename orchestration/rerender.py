@@ -36,6 +36,9 @@ API_KEY_ENV = "SHOTLOOM_RERENDER_API_KEY"  # an API key for re-renders, when the
 class RerenderConfig(Config):
     works: list[str] | None = Field(default=None, description="Works to re-render (default: all).")
     shots: list[str] | None = Field(default=None, description="Shot ids (default: every shot).")
+    match: dict[str, str] | None = Field(
+        default=None, description="Only shots whose runs carry these tags (shotloom/kind, user)."
+    )
     seed: str = Field(default="keep", description="keep | new")
     priority: int = Field(default=-10, description="Below interactive requests (0).")
     reason: str = Field(default="launchpad", description="Tagged on the re-render runs.")
@@ -145,6 +148,7 @@ def _schedule(entry: RerenderSchedule):
         config = {
             "works": entry.works,
             "shots": entry.shots,
+            "match": entry.match,
             "seed": entry.seed,
             "priority": entry.priority,
             "reason": entry.name,

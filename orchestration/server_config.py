@@ -124,6 +124,9 @@ class RerenderSchedule(_Strict):
     timezone: str = "UTC"
     works: list[str] | None = Field(default=None, description="Works to re-render (default: all).")
     shots: list[str] | None = Field(default=None, description="Shot ids (default: every shot).")
+    match: dict[Literal["shotloom/kind", "user"], str] | None = Field(
+        default=None, description='Only shots whose runs carry these tags, e.g. {"shotloom/kind": "v1"}.'
+    )
     seed: Literal["keep", "new"] = "keep"
     priority: int = Field(default=-10, ge=-1000, le=1000)
 

@@ -475,9 +475,13 @@ def test_a_manual_rerender_makes_new_versions_below_interactive_work(api):
     ).json()
     new_seed = api.wait_version(fresh["accepted"][0]["version_id"])["result"]["seed"]
     assert new_seed != old["result"]["seed"]
+    # A tag filter: only shots whose runs carry these tags.
+    nobody = {"shots": ["s1"], "key": "tick-x", "match": {"user": "studio-z"}}
+    assert api.client.post(api.base + "/queue/rerender", json=nobody).json()["accepted"] == []
     # s4 took s1 as memory: its re-render takes the newest s1, not the frame of its first making.
     newest_s1 = api.find_version("s1")
-    s4 = api.client.post(api.base + "/queue/rerender", json={"shots": ["s4"], "key": "tick-3"}).json()
+    ask = {"shots": ["s4"], "key": "tick-3", "match": {"shotloom/kind": "r2v", "user": "api"}}
+    s4 = api.client.post(api.base + "/queue/rerender", json=ask).json()
     redo = api.wait_version(s4["accepted"][0]["version_id"])
     assert redo["status"] == "succeeded", redo["error"]
     assert redo["inputs"]["memory_slots[0]"]["version_id"] == newest_s1 != before

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from dagster import DefaultScheduleStatus, build_schedule_context
+from dagster import DefaultScheduleStatus, build_schedule_context, validate_run_config
 
 from orchestration.rerender import rerender, schedules_for
 from orchestration.server_config import ServerConfig
@@ -32,6 +32,7 @@ def test_each_schedule_ticks_one_keyed_rerender_run(tmp_path):
     config = request.run_config["ops"]["rerender_op"]["config"]
     assert request.run_key == config["key"] == "nightly:2026-12-04T03:00:00+00:00"
     assert config["requested_by"] == "schedule:nightly"  # the re-render runs' "launched by"
+    assert validate_run_config(rerender, request.run_config)  # what the daemon will launch
     assert (config["works"], config["shots"], config["seed"], config["priority"], config["reason"]) == (
         ["film"],
         None,

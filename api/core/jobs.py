@@ -513,14 +513,20 @@ class JobService:
         reason: str,
         key: str,
         submitter: str,
+        match: dict[str, str] | None = None,
     ) -> list[Accepted]:
         """A new version of every matching shot (its newest success), from the same request and
         inputs: the seed kept or drawn anew, below interactive work in the queue, one idempotency
-        key per shot and ``key`` (a trigger repeated with its key queues nothing twice)."""
+        key per shot and ``key`` (a trigger repeated with its key queues nothing twice). ``match``
+        filters by the tags of the shot's runs: ``shotloom/kind`` (r2v, v1) and ``user``."""
         import secrets
 
         out = []
+        wanted = match or {}
         for job in self.store.latest_shots(works, shots):
+            tags = {"shotloom/kind": run_kind(job), "user": job.submitter or "api"}
+            if any(tags.get(k) != v for k, v in wanted.items()):
+                continue
             request = copy.deepcopy(job.request)
             config = request["run_config"]["ops"]["condition_op"]["config"]
             if seed == "new":
@@ -614,6 +620,11 @@ class JobService:
         if caps is None:
             raise Unavailable("the model is not loaded on any worker yet")
         return caps
+
+
+def run_kind(job: JobRecord) -> str:
+    """The job kind an operator filters runs by (their ``shotloom/kind`` tag)."""
+    return {"openai": "v1", "images": "image"}.get(job.dialect, job.kind)
 
 
 def lineage(inputs: dict[str, Any], lora: str | None) -> dict[str, Any]:
