@@ -40,6 +40,18 @@ def write_inference_yaml(path: Path, family: str, checkpoint: Path, cache_dir: P
     return path
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models make thousands of tiny kernel calls; with 2 OpenMP threads on a shared 2-core box,
+    every call waits at a barrier for a descheduled thread (10-20x slower). One thread is faster anyway."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def wan_checkpoint(tmp_path_factory) -> Path:
     from shotloom.families.wan import WanAdapter

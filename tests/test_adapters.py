@@ -14,13 +14,7 @@ from shotloom.capabilities import CapabilityError
 from shotloom.families.weights import build_tiny_lora
 from shotloom.runtime import ModelRuntime
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread is fastest
 
 
 @pytest.fixture(scope="module")

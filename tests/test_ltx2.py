@@ -19,6 +19,8 @@ from shotloom.families.ltx2 import MAX_REFERENCES, LTX2Adapter
 from shotloom.request import GenerationRequest, MemorySlot
 from shotloom.sampler import seed_everything
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread is fastest
+
 SIGMAS = [1.0, 0.75, 0.5, 0.25]
 TILING = {"enabled": True, "tile_px": 32, "stride_px": 16, "tile_frames": 16, "stride_frames": 8}
 
@@ -33,15 +35,6 @@ def _config(checkpoint: Path, **overrides) -> InferenceConfig:
         **overrides,
     }
     return InferenceConfig.model_validate(data)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models are all op overhead: extra threads only add OpenMP barriers (slow on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

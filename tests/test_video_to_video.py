@@ -24,15 +24,7 @@ from shotloom.families.wan import WanAdapter, _latent_stats
 from shotloom.media import write_mp4
 from shotloom.request import GenerationRequest
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread is fastest
 
 
 def moving_square(path: Path, fps: int, frames: int = 17, with_audio: bool = False) -> Path:

@@ -17,6 +17,8 @@ from shotloom.families.wan import I2V, T2V, WanAdapter, _load_rgb
 from shotloom.request import GenerationRequest, MemorySlot
 from shotloom.sampler import seed_everything
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread is fastest
+
 SIGMAS = [1.0, 0.75, 0.5, 0.25]
 
 
@@ -41,16 +43,6 @@ def request(**changes) -> GenerationRequest:
 
 def files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models make thousands of tiny conv3d calls; with 2 OpenMP threads on a shared 2-core box,
-    every call waits at a barrier for a descheduled thread (10-20x slower). One thread is faster anyway."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

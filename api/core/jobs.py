@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import secrets
 import shutil
 import statistics
 import tempfile
@@ -519,8 +520,6 @@ class JobService:
         inputs: the seed kept or drawn anew, below interactive work in the queue, one idempotency
         key per shot and ``key`` (a trigger repeated with its key queues nothing twice). ``match``
         filters by the tags of the shot's runs: ``shotloom/kind`` (r2v, v1) and ``user``."""
-        import secrets
-
         out = []
         wanted = match or {}
         for job in self.store.latest_shots(works, shots):
@@ -620,6 +619,11 @@ class JobService:
         if caps is None:
             raise Unavailable("the model is not loaded on any worker yet")
         return caps
+
+
+def op_config(job: JobRecord, op: str = "condition_op") -> dict[str, Any]:
+    """One op's config in the run config the job was accepted with ({} when it has none)."""
+    return job.request.get("run_config", {}).get("ops", {}).get(op, {}).get("config") or {}
 
 
 def run_kind(job: JobRecord) -> str:

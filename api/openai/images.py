@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from api.context import ApiContext
+from api.core.jobs import op_config
 from api.core.specs import InputRef, MemoryRef
 from api.openai.errors import OpenAIError
 from api.openai.protocol import MAX_SEED, SIZE_PATTERN, LoraSelector, VideoCreateRequest, _Strict
@@ -188,5 +189,5 @@ class ImageServing:
 
     @staticmethod
     def _size(job: JobRecord) -> tuple[int, int]:
-        config = job.request.get("run_config", {}).get("ops", {}).get("condition_op", {}).get("config", {})
+        config = op_config(job)
         return config.get("width", 0), config.get("height", 0)

@@ -57,59 +57,33 @@ _CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
     501: {"model": ErrorBody, "description": "The H.264/AAC encoder is missing."},
     503: {"model": ErrorBody, "description": "Not ready (starting, or no worker has loaded the model)."},
 }
+
+
+def request_body(json_schema: str | None, form_schema: str) -> dict[str, Any]:
+    """``openapi_extra`` of a route that reads its body by hand: the JSON and multipart schemas
+    (components of :mod:`api.openapi`)."""
+    content = {"multipart/form-data": {"schema": {"$ref": f"#/components/schemas/{form_schema}"}}}
+    if json_schema is not None:
+        content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{json_schema}"}}, **content}
+    return {"requestBody": {"required": True, "content": content}}
+
+
 _SOURCE_ERRORS: dict[int | str, dict[str, Any]] = {
     **_CREATE_ERRORS,
     404: {"model": ErrorBody, "description": "Unknown source video (or model)."},
     409: {"model": ErrorBody, "description": "not_ready: the source video has not completed; or an "
           "Idempotency-Key reused for another request."},
 }  # fmt: skip
-_EDIT_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/VideoEditRequest"}},
-            "multipart/form-data": {"schema": {"$ref": "#/components/schemas/VideoEditForm"}},
-        },
-    }
-}
-_CHARACTER_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/CharacterCreateRequest"}},
-            "multipart/form-data": {"schema": {"$ref": "#/components/schemas/CharacterCreateForm"}},
-        },
-    }
-}
+_EDIT_BODY = request_body("VideoEditRequest", "VideoEditForm")
+_CHARACTER_BODY = request_body("CharacterCreateRequest", "CharacterCreateForm")
 _IMAGE_ERRORS: dict[int | str, dict[str, Any]] = {
     **_CREATE_ERRORS,
     500: {"model": ErrorBody, "description": "A generation failed."},
     504: {"model": ErrorBody, "description": "Not done in time: poll the named image instead."},
 }
-_IMAGE_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/ImageRequest"}},
-            "multipart/form-data": {"schema": {"$ref": "#/components/schemas/ImageRequest"}},
-        },
-    }
-}
-_IMAGE_EDIT_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {"multipart/form-data": {"schema": {"$ref": "#/components/schemas/ImageEditForm"}}},
-    }
-}
-_CREATE_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/VideoCreateRequest"}},
-            "multipart/form-data": {"schema": {"$ref": "#/components/schemas/VideoCreateForm"}},
-        },
-    }
-}
+_IMAGE_BODY = request_body("ImageRequest", "ImageRequest")
+_IMAGE_EDIT_BODY = request_body(None, "ImageEditForm")
+_CREATE_BODY = request_body("VideoCreateRequest", "VideoCreateForm")
 
 
 async def read_request(request: Request, spool: Path) -> tuple[dict[str, Any], dict[str, Path]]:

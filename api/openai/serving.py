@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from api.context import ApiContext
 from api.core.errors import EncoderMissing, InvalidField, NotFound, ServiceError, Unavailable
+from api.core.jobs import op_config
 from api.core.specs import InputRef, ShotSpec, SourceRef
 from api.core.views import JobViews
 from api.health import missing_encoders
@@ -106,7 +107,7 @@ def like_source(
     """``raw`` with the source job's size, length (unless not ``length``), rate, seed and work
     where it gives none. A stitched source (an extension) is off the frame grid: its length goes
     as seconds (snapped up, at most ``max_seconds``)."""
-    config = source.request.get("run_config", {}).get("ops", {}).get("condition_op", {}).get("config", {})
+    config = op_config(source)
     frames, written = config.get("num_frames"), (source.result or {}).get("frames")
     seconds = None
     if length and written and frames and int(written) != frames and config.get("fps"):
@@ -520,7 +521,7 @@ class VideoServing:
         return value
 
     def video(self, job: JobRecord, position: int | None = None) -> Video:
-        config = job.request.get("run_config", {}).get("ops", {}).get("condition_op", {}).get("config", {})
+        config = op_config(job)
         client = job.request.get("client", {})
         steps = self.ctx.inference.sampler.steps
         progress, step = _progress(job, steps)
@@ -528,7 +529,7 @@ class VideoServing:
         frames, fps = config.get("num_frames"), config.get("fps")
         width, height = config.get("width"), config.get("height")
         result = job.result or {}
-        stitch = job.request.get("run_config", {}).get("ops", {}).get("stitch_op", {}).get("config")
+        stitch = op_config(job, "stitch_op")
         if job.status == "succeeded" and result.get("frames") and result.get("fps"):
             frames, fps = int(result["frames"]), int(round(float(result["fps"])))  # what was written
         elif stitch and frames:

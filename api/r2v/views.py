@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from api.core.jobs import op_config
 from api.core.views import JobViews
 from api.r2v.protocol import ArtifactResponse, VersionResponse, iso_time
 from api.store import ArtifactRecord, JobRecord, Store
@@ -72,11 +73,10 @@ def version_response(
 def version_lineage(job: JobRecord) -> dict[str, Any]:
     """``inputs`` and ``derived_from`` of a version, from its run config (what the run records on
     its materializations too)."""
-    ops = job.request.get("run_config", {}).get("ops", {})
-    shot = ops.get("condition_op", {}).get("config", {}).get("lineage")
+    shot = op_config(job).get("lineage")
     if shot:
         return {"inputs": shot.get("inputs", {}), "derived_from": shot.get("derived_from", [])}
-    versions = ops.get("merge_op", {}).get("config", {}).get("versions", [])
+    versions = op_config(job, "merge_op").get("versions", [])
     inputs = {
         f"shots[{i}]": {"sha256": v.split(":", 1)[1]} if v.startswith("sha256:") else {"version_id": v}
         for i, v in enumerate(versions)
