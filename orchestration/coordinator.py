@@ -32,6 +32,7 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
         super().__init__(**kwargs)
         self._control = QueueControl(state_dir) if state_dir else None
         self._was_paused: bool | None = None
+        self._told_paused: set[str] = set()  # queued runs told about the current pause
         if dequeue_interval_seconds is not None:
             if dequeue_interval_seconds <= 0:
                 raise ValueError(f"dequeue_interval_seconds must be > 0, got {dequeue_interval_seconds}")
@@ -52,6 +53,7 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
             self._was_paused = paused is not None
         if paused is None:
             return config
+        self._record_pause(paused)  # runs queued since the pause began are told too
         limits = [dict(limit) for limit in config.tag_concurrency_limits if limit.get("key") != GPU_TAG]
         return config._replace(tag_concurrency_limits=[*limits, {"key": GPU_TAG, "limit": 0}])
 
@@ -71,15 +73,20 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
             path.unlink(missing_ok=True)
 
     def _record_pause(self, paused: dict[str, Any] | None) -> None:
+        """Tell each queued device run once that intake is paused, and, on resume, that it resumed."""
         if self._was_paused is None and paused is None:
             return  # the daemon started with intake running: nothing changed
-        message = (
-            f"Intake to the devices paused by {paused.get('by', 'an operator')}: this run waits in the queue"
-            if paused is not None
-            else "Intake to the devices resumed"
-        )
+        if paused is None:
+            for run in self._queued_device_runs():
+                self._instance.report_engine_event("Intake to the devices resumed", run)
+            self._told_paused.clear()
+            return
+        by = paused.get("by", "an operator")
+        message = f"Intake to the devices paused by {by}: this run waits in the queue"
         for run in self._queued_device_runs():
-            self._instance.report_engine_event(message, run)
+            if run.run_id not in self._told_paused:
+                self._instance.report_engine_event(message, run)
+                self._told_paused.add(run.run_id)
 
     @classmethod
     def from_config_value(cls, inst_data: Any, config_value: Mapping[str, Any]) -> DeviceRunCoordinator:
