@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +39,72 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+class ReadyReport:
+    """Logs when each child is ready (seconds since start) and when ``GET /health`` first answers
+    200: where a slow start goes is in the server log."""
+
+    def __init__(self, stack: Stack, started: float, poll: float = 0.25, give_up_s: float = 600):
+        self.stack, self.started, self.poll, self.give_up_s = stack, started, poll, give_up_s
+        self.ready: dict[str, float] = {}
+
+    def _probe(self, name: str) -> bool:
+        import httpx
+
+        from orchestration.launcher import WorkerError, call_worker, read_workers
+
+        cfg = self.stack.cfg
+        if name.startswith("worker-"):
+            record = next((w for w in read_workers(cfg.state_dir) if f"worker-{w.name}" == name), None)
+            try:
+                return record is not None and call_worker(record.url, "/status")["state"] in ("idle", "busy")
+            except WorkerError:
+                return False
+        if name == "daemon":
+            from dagster import DagsterInstance
+
+            with DagsterInstance.from_config(str(cfg.dagster_home)) as instance:
+                beats = instance.get_daemon_heartbeats().values()
+            return any(b.timestamp >= self.started for b in beats)
+        url = {
+            "webserver": f"http://{cfg.webserver.host}:{cfg.webserver.port}/server_info",
+            "api": f"{cfg.api.base_url()}/health",
+        }[name]
+        try:
+            return httpx.get(url, timeout=2).status_code < 500 or name == "api"
+        except httpx.HTTPError:
+            return False
+
+    def _healthy(self) -> bool:
+        import httpx
+
+        try:
+            return httpx.get(f"{self.stack.cfg.api.base_url()}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def run(self) -> None:
+        while not self.stack.stopping and time.time() - self.started < self.give_up_s:
+            for name in self.stack.commands:
+                if name not in self.ready and self._safe_probe(name):
+                    self.ready[name] = time.time() - self.started
+                    log.info("%s ready %.1fs after start", name, self.ready[name])
+            if len(self.ready) == len(self.stack.commands) and self._healthy():
+                parts = ", ".join(f"{n} {t:.1f}s" for n, t in sorted(self.ready.items(), key=lambda i: i[1]))
+                log.info(
+                    "healthy (GET /health 200) %.1fs after start; ready: %s",
+                    time.time() - self.started,
+                    parts,
+                )
+                return
+            time.sleep(self.poll)
+
+    def _safe_probe(self, name: str) -> bool:
+        try:
+            return self._probe(name)
+        except Exception:  # storage busy, a half-written record...: the next poll asks again
+            return False
 
 
 class Stack:
@@ -74,6 +141,11 @@ class Stack:
             cmd += ["--state-dir", str(cfg.state_dir)]
             cmd += ["--server-config", str(self.config_path)]
             self.commands[f"worker-{name}"] = cmd + ([] if cfg.workers.warm else ["--no-warm"])
+        for name in cfg.media_worker_names():
+            cmd = [py, "-m", "orchestration.worker", "--pool", "media", "--device", "cpu", "--name", name]
+            cmd += ["--threads", "1", "--state-dir", str(cfg.state_dir)]
+            cmd += ["--server-config", str(self.config_path)]
+            self.commands[f"worker-{name}"] = cmd
         workspace = ["-w", str(cfg.workspace)]
         self.commands["daemon"] = [py, "-m", "dagster._daemon", "run", *workspace]
         web = cfg.webserver
@@ -101,6 +173,9 @@ class Stack:
         """Create the sqlite schemas once: children racing to create them fail ("already exists")."""
         from dagster import DagsterInstance
 
+        from orchestration.storage import consolidate_events
+
+        consolidate_events(self.cfg.dagster_home / "storage")  # a state dir of an earlier release
         with DagsterInstance.from_config(str(self.cfg.dagster_home)) as instance:
             instance.get_runs(limit=1)
             instance.event_log_storage.get_asset_records()
@@ -176,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="configs/server.cpu.yaml", help="server YAML")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # Dagster's schema checks: a page of noise
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the readiness probes
     cfg = ServerConfig.load(args.config)
     stack = Stack(cfg, Path(args.config).resolve())
 
@@ -186,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     code = 1
+    started = time.time()
     try:
         stack.start()
+        threading.Thread(target=ReadyReport(stack, started).run, name="ready", daemon=True).start()
         log.info(
             "API on %s (docs at /docs), Dagster UI on http://%s:%d, state in %s",
             cfg.api.base_url(),

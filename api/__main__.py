@@ -48,6 +48,7 @@ def build_context(cfg: ServerConfig) -> ApiContext:
         jobs=jobs,
         media_root=cfg.media_root,
         worker_names=cfg.worker_names(),
+        media_worker_names=cfg.media_worker_names(),
         inference_config=str(config.relative_to(REPO_ROOT) if config.is_relative_to(REPO_ROOT) else config),
         inference=inference,
         residency_policy=cfg.runtime.dit_residency,

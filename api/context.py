@@ -29,6 +29,7 @@ class ApiContext:
     inference: InferenceConfig
     residency_policy: str
     keys: KeyRing = field(default_factory=lambda: KeyRing([]))
+    media_worker_names: list[str] = field(default_factory=list)
     retention: Retention | None = None  # the /v1 job store's bounds (built from api.openai)
 
     def __post_init__(self) -> None:

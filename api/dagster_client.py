@@ -22,7 +22,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -157,6 +157,25 @@ class Materialization:
 
 # --------------------------------------------------------------------------------------------------
 # Errors
+
+
+@dataclass(frozen=True)
+class RunSubmission:
+    """One run to submit: a job of the code location, its run config and tags."""
+
+    job_name: str
+    run_config: Mapping[str, Any]
+    tags: Mapping[str, str]
+
+
+LAUNCH_RESULT = """
+fragment LaunchResult on LaunchRunResult {
+  __typename
+  ... on LaunchRunSuccess { run { runId } }
+  ... on RunConfigValidationInvalid { errors { message } }
+  ... on Error { message }
+}
+"""
 
 
 class DagsterGatewayError(RuntimeError):
@@ -569,26 +588,56 @@ class DagsterGateway:
     # -- runs --------------------------------------------------------------------------------------
 
     def submit(self, job_name: str, run_config: Mapping[str, Any], tags: Mapping[str, str]) -> str:
-        """Submit (queue or launch, per the instance's run coordinator) a run; returns its run id.
+        """Submit (queue or launch, per the instance's run coordinator) one run; returns its run id.
+        Not idempotent: see :meth:`submit_many`."""
+        (answer,) = self.submit_many([RunSubmission(job_name, run_config, tags)])
+        if isinstance(answer, DagsterGatewayError):
+            raise answer
+        return answer
 
-        Not idempotent: after a timeout the run may still exist. Tag runs with a unique key and
-        reconcile with :meth:`find_runs_by_tag` before submitting again.
+    def submit_many(self, submissions: Sequence[RunSubmission]) -> list[str | DagsterGatewayError]:
+        """Submit runs in ONE GraphQL document: aliased ``launchRun`` mutations, which GraphQL
+        executes serially in document order, so the runs enter Dagster's queue in the order given,
+        at a fraction of the per-request cost. Answers a run id or the refusal, per submission.
+
+        Not idempotent: after a timeout the runs may still exist. Tag runs with a unique key and
+        reconcile with :meth:`find_runs_by_tag` before submitting again. Raises
+        :class:`DagsterUnavailable` when the webserver cannot answer.
         """
+        if not submissions:
+            return []
         loc = self.location()
-        try:
-            return self.client.submit_job_execution(
-                job_name,
-                repository_location_name=loc.location_name,
-                repository_name=loc.repository_name,
-                run_config=dict(run_config),
-                tags={str(k): str(v) for k, v in tags.items()},
-            )
-        except DagsterGraphQLClientError as exc:
-            err = _translate(exc, f"submit {job_name}")
-        if err.kind in ("PipelineNotFoundError", "RepositoryLocationNotFound", "PythonError"):
-            with self._lock:
-                self._location = None  # the workspace may have been reloaded or renamed
-        raise err
+        declared, fields, variables = [], [], {}
+        for n, sub in enumerate(submissions):
+            declared.append(f"$p{n}: ExecutionParams!")
+            fields.append(f"r{n}: launchRun(executionParams: $p{n}) {{ ...LaunchResult }}")
+            variables[f"p{n}"] = {
+                "selector": {
+                    "repositoryLocationName": loc.location_name,
+                    "repositoryName": loc.repository_name,
+                    "jobName": sub.job_name,
+                },
+                "runConfigData": dict(sub.run_config),
+                "executionMetadata": {
+                    "tags": [{"key": str(k), "value": str(v)} for k, v in sub.tags.items()]
+                },
+            }
+        query = f"mutation GatewaySubmit({', '.join(declared)}) {{ {' '.join(fields)} }}" + LAUNCH_RESULT
+        data = self.execute(query, variables, what=f"submit {len(submissions)} runs")
+        answers: list[str | DagsterGatewayError] = []
+        for n, sub in enumerate(submissions):
+            result = data.get(f"r{n}") or {}
+            kind = result.get("__typename")
+            if kind == "LaunchRunSuccess":
+                answers.append(result["run"]["runId"])
+                continue
+            errors = result.get("errors")
+            detail = "; ".join(e["message"] for e in errors) if errors else result.get("message") or kind
+            answers.append(DagsterGatewayError(f"submit {sub.job_name}: {kind}: {detail}", kind=kind))
+            if kind in ("PipelineNotFoundError", "RepositoryLocationNotFound", "PythonError"):
+                with self._lock:
+                    self._location = None  # the workspace may have been reloaded or renamed
+        return answers
 
     def _runs_where(self, run_filter: Mapping[str, Any], limit: int | None = None) -> list[RunInfo]:
         """All runs matching ``run_filter`` (paged: the server may cap pages), newest first."""

@@ -30,6 +30,7 @@ from api.dagster_client import (
     DagsterGatewayError,
     DagsterUnavailable,
     RunInfo,
+    RunSubmission,
 )
 from api.store import JobRecord, Store, backoff_delay
 from orchestration.launcher import WORKER_TAG, WorkerError, call_worker, read_workers
@@ -53,6 +54,7 @@ DELIVERY_HEADER = "X-Shotloom-Delivery-Id"
 RETRY_GRACE_S = 120.0  # a failed run marked will_retry whose retry never appears is failed after this
 NEVER_ENQUEUED_AFTER_S = 10.0  # a NOT_STARTED run this old was created by a submit that was cut short
 SUBMIT_REFUSALS = 3  # Dagster refusing a job's run this many times (while reachable) fails the job
+SUBMIT_BATCH = 25  # runs per GraphQL document: a burst reaches the queue in few round trips
 
 _RUNNING = {"STARTING", "STARTED", "CANCELING"}
 _FAILED = {"FAILURE", "CANCELED"}
@@ -176,66 +178,91 @@ class Follower:
 
     # -- submit ---------------------------------------------------------------------------------
     def submit_pending(self) -> None:
+        """Submit every accepted job without a run, oldest first, in batches (one GraphQL document
+        each: the runs enter Dagster's queue in accept order)."""
+        batch: list[tuple[JobRecord, RunSubmission]] = []
         for job in self.store.unsubmitted():
             if self.stopping.is_set():
                 return
-            # Accepted before this process started, or a submit that raised (it may have created
-            # the run anyway): look for a run tagged with the version first, never submit twice.
-            if job.created_at < self._boot or job.version_id in self._uncertain:
-                existing = self.gateway.find_runs_by_tag(VERSION_TAG, job.version_id)
-                if not self._drop_never_enqueued(existing):
-                    continue  # a run may still be on its way into the queue: look again next tick
-                existing = [r for r in existing if r.status != "NOT_STARTED"]
-                roots = [r for r in existing if not r.root_run_id or r.root_run_id == r.run_id]
-                if roots:
-                    self.store.mark_submitted(job.version_id, roots[-1].run_id)
-                    self._uncertain.discard(job.version_id)
-                    self.counters["reconciled"] += 1
-                    log.info("version %s: adopted run %s", job.version_id, roots[-1].run_id)
-                    continue
-            if job.cancel_requested_at is not None:  # cancelled before it reached Dagster
-                self.store.update_status(
-                    job.version_id, status="cancelled", stage=stages.CANCELED, error=None
-                )
+            submission = self._submission(job)
+            if submission is None:
                 continue
-            req = job.request
-            tags = {
-                VERSION_TAG: job.version_id,
-                "shotloom/work_id": job.work_id,
-                KIND_TAG: run_kind(job),
-                "user": job.submitter or "api",
-            }
-            if job.shot_id:
-                tags["shotloom/shot_id"] = job.shot_id
-            if job.priority:
-                tags[PRIORITY_TAG] = str(job.priority)  # Dagster's queue order (higher first)
-            if "rerender" in req:  # why this run exists: an operator filters re-renders by it
-                tags[RERENDER_TAG] = req["rerender"].get("reason") or "rerender"
-            self._uncertain.add(job.version_id)
-            try:
-                run_id = self.gateway.submit(req["job_name"], req["run_config"], tags)
-            except DagsterUnavailable:
-                raise  # nothing submits now: the loop waits for the webserver
-            except DagsterGatewayError as exc:
-                # Dagster answered and refused this run (its config, its job): the jobs behind it
-                # still go, and after a few refusals the job fails instead of waiting forever.
-                self._refused[job.version_id] = refusals = self._refused.get(job.version_id, 0) + 1
-                log.warning("version %s: Dagster refused the run (%d): %s", job.version_id, refusals, exc)
-                if refusals >= SUBMIT_REFUSALS:
-                    record = self.store.update_status(
-                        job.version_id,
-                        status="failed",
-                        stage=stages.FAILED,
-                        error=f"Dagster refused the run: {exc}",
-                    )
-                    self._refused.pop(job.version_id, None)
-                    self._enqueue_callback(record)
+            batch.append((job, submission))
+            if len(batch) == SUBMIT_BATCH:
+                self._submit_batch(batch)
+                batch = []
+        self._submit_batch(batch)
+
+    def _submission(self, job: JobRecord) -> RunSubmission | None:
+        """The run to submit for ``job``, or None when it needs none (now)."""
+        # Accepted before this process started, or a submit that raised (it may have created
+        # the run anyway): look for a run tagged with the version first, never submit twice.
+        if job.created_at < self._boot or job.version_id in self._uncertain:
+            existing = self.gateway.find_runs_by_tag(VERSION_TAG, job.version_id)
+            if not self._drop_never_enqueued(existing):
+                return None  # a run may still be on its way into the queue: look again next tick
+            existing = [r for r in existing if r.status != "NOT_STARTED"]
+            roots = [r for r in existing if not r.root_run_id or r.root_run_id == r.run_id]
+            if roots:
+                self.store.mark_submitted(job.version_id, roots[-1].run_id)
+                self._uncertain.discard(job.version_id)
+                self.counters["reconciled"] += 1
+                log.info("version %s: adopted run %s", job.version_id, roots[-1].run_id)
+                return None
+        if job.cancel_requested_at is not None:  # cancelled before it reached Dagster
+            self.store.update_status(job.version_id, status="cancelled", stage=stages.CANCELED, error=None)
+            return None
+        req = job.request
+        tags = {
+            VERSION_TAG: job.version_id,
+            "shotloom/work_id": job.work_id,
+            KIND_TAG: run_kind(job),
+            "user": job.submitter or "api",
+        }
+        if job.shot_id:
+            tags["shotloom/shot_id"] = job.shot_id
+        if job.priority:
+            tags[PRIORITY_TAG] = str(job.priority)  # Dagster's queue order (higher first)
+        if "rerender" in req:  # why this run exists: an operator filters re-renders by it
+            tags[RERENDER_TAG] = req["rerender"].get("reason") or "rerender"
+        return RunSubmission(req["job_name"], req["run_config"], tags)
+
+    def _submit_batch(self, batch: list[tuple[JobRecord, RunSubmission]]) -> None:
+        if not batch:
+            return
+        self._uncertain.update(job.version_id for job, _ in batch)
+        # DagsterUnavailable propagates: nothing submits now, the loop waits for the webserver.
+        try:
+            answers: list[str | DagsterGatewayError] = self.gateway.submit_many([s for _, s in batch])
+        except DagsterUnavailable:
+            raise
+        except DagsterGatewayError as exc:
+            if len(batch) > 1:  # the document as a whole was refused: find the culprit alone
+                for one in batch:
+                    self._submit_batch([one])
+                return
+            answers = [exc]
+        for (job, _), answer in zip(batch, answers, strict=True):
+            if isinstance(answer, DagsterGatewayError):
+                self._refused_run(job, answer)
                 continue
             self._refused.pop(job.version_id, None)
-            self.store.mark_submitted(job.version_id, run_id)
+            self.store.mark_submitted(job.version_id, answer)
             self._uncertain.discard(job.version_id)
             self.counters["submitted"] += 1
-            log.info("version %s: submitted run %s", job.version_id, run_id)
+            log.info("version %s: submitted run %s", job.version_id, answer)
+
+    def _refused_run(self, job: JobRecord, exc: DagsterGatewayError) -> None:
+        """Dagster answered and refused this run (its config, its job): the jobs behind it still
+        go, and after a few refusals the job fails instead of waiting forever."""
+        self._refused[job.version_id] = refusals = self._refused.get(job.version_id, 0) + 1
+        log.warning("version %s: Dagster refused the run (%d): %s", job.version_id, refusals, exc)
+        if refusals >= SUBMIT_REFUSALS:
+            record = self.store.update_status(
+                job.version_id, status="failed", stage=stages.FAILED, error=f"Dagster refused the run: {exc}"
+            )
+            self._refused.pop(job.version_id, None)
+            self._enqueue_callback(record)
 
     def _drop_never_enqueued(self, runs: list[RunInfo]) -> bool:
         """A submit cut short (webserver or API killed mid-request) can leave a run created but never

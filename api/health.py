@@ -1,5 +1,6 @@
 """``GET /health``: the service is ready when the API, the Dagster webserver and daemon, and every
-configured device worker are up (503 otherwise, with what is missing); both dialects share it."""
+configured device and media worker are up (503 otherwise, with what is missing); both dialects share
+it."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ class HealthResponse(BaseModel):
     inference: InferenceHealth
     queues: dict[str, dict[str, int]] = Field(description="{'r2v': {status: n}, 'merge': {status: n}}")
     scheduler: dict[str, Any] = Field(default_factory=dict)
+    media_workers: list[dict[str, Any]] = Field(
+        default_factory=list, description="Workers that run merges: name, state, ready, run_id."
+    )
     ffmpeg_available: bool
 
 
@@ -91,11 +95,17 @@ def health(ctx: ApiContext) -> dict[str, Any]:
                 "dit_residency": s.get("dit_residency"),
             }
         )
+    media = [
+        {"name": name, "state": (s := snaps.get(name, {"state": "unregistered"})).get("state"),
+         "ready": s.get("state") in ("idle", "busy"), "run_id": s.get("run_id")}
+        for name in ctx.media_worker_names
+    ]  # fmt: skip
     ready = {
         "api": ctx.follower.started,
         "webserver": bool(webserver),
         "daemon": bool(daemon),
         "workers": bool(workers) and all(w["ready"] for w in workers),
+        "media_workers": all(w["ready"] for w in media),
     }
     queues = {kind: ctx.store.counts_by_status(kind) for kind in ("r2v", "merge")}
     busy = sum(1 for w in workers if w["state"] == "busy")
@@ -108,6 +118,7 @@ def health(ctx: ApiContext) -> dict[str, Any]:
             "residency": ctx.residency_policy,
         },
         queues=queues,
+        media_workers=media,
         scheduler={
             "workers_total": len(workers),
             "workers_ready": sum(1 for w in workers if w["ready"]),

@@ -6,7 +6,7 @@ from dagster import in_process_executor, job
 
 from ops.merge import merge_op, stitch_op
 from ops.shot import condition_op, decode_op, denoise_op, write_op
-from orchestration.launcher import GPU_TAG
+from orchestration.launcher import GPU_TAG, MEDIA_TAG
 from shotloom.stages import QUEUED, STAGE_TAG
 
 
@@ -30,10 +30,11 @@ def extend():
     stitch_op(write_op(decode_op(denoise_op(condition_op()))))
 
 
+# The media tag sends merge to a warm media worker, with its own queue limit.
 @job(
     executor_def=in_process_executor,
     description="Concatenate shots into one film, in order.",
-    tags={STAGE_TAG: QUEUED},
+    tags={MEDIA_TAG: "1", STAGE_TAG: QUEUED},
 )
 def merge():
     merge_op()

@@ -4,8 +4,10 @@ Modelled on dagster-docker's ``DockerRunLauncher``, but instead of starting a
 container per run it binds the run to an idle worker process
 (``orchestration.worker``) that keeps its model loaded across runs. Workers
 register themselves as JSON files under ``<state_dir>/workers``; the launcher
-talks to them over their local HTTP endpoint. Runs without the gpu tag (merge)
-take the stock ``DefaultRunLauncher`` path (a run worker via the code server).
+talks to them over their local HTTP endpoint. Two pools: device workers (runs
+with the gpu tag: generation) and media workers (the media tag: merges, light
+and quick, so they never wait behind a generation nor take a device). Runs with
+neither take the stock ``DefaultRunLauncher`` path (a run worker via the code server).
 
 Every process that builds the instance (webserver, daemon, workers, API)
 imports this module: keep it free of torch and of anything heavy.
@@ -19,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Self
 
@@ -42,6 +44,8 @@ from shotloom.stages import HIDDEN
 
 # Hidden tags (Dagster keeps them, never lists them): for the launcher and workers, not for filtering.
 GPU_TAG = HIDDEN + "gpu"  # runs carrying it go to a device worker (and count against the gpu limit)
+MEDIA_TAG = HIDDEN + "media"  # runs carrying it go to a media worker (and count against the media limit)
+POOL_TAGS = {"device": GPU_TAG, "media": MEDIA_TAG}
 WORKER_TAG = "shotloom/worker"  # visible: the device worker an operator filters by
 BOOT_TAG = HIDDEN + "worker_boot_id"
 PID_TAG = HIDDEN + "worker_pid"
@@ -58,12 +62,14 @@ class WorkerRecord:
     pid: int
     boot_id: str
     device: str
+    pool: str = "device"  # device | media
 
     @classmethod
     def read(cls, path: Path) -> WorkerRecord | None:
         try:
             data = json.loads(path.read_text())
-            return cls(**{k: data[k] for k in ("name", "url", "pid", "boot_id", "device")})
+            record = cls(**{k: data[k] for k in ("name", "url", "pid", "boot_id", "device")})
+            return replace(record, pool=data.get("pool", "device"))
         except (OSError, ValueError, KeyError, TypeError):
             return None  # being written or removed
 
@@ -80,9 +86,14 @@ def workers_dir(state_dir: str | Path) -> Path:
     return Path(state_dir) / "workers"
 
 
-def read_workers(state_dir: str | Path) -> list[WorkerRecord]:
+def read_workers(state_dir: str | Path, pool: str | None = None) -> list[WorkerRecord]:
     records = [WorkerRecord.read(p) for p in sorted(workers_dir(state_dir).glob("*.json"))]
-    return [r for r in records if r is not None]
+    return [r for r in records if r is not None and pool in (None, r.pool)]
+
+
+def run_pool(run: DagsterRun) -> str | None:
+    """The worker pool a run goes to, or None for the stock launcher."""
+    return next((pool for pool, tag in POOL_TAGS.items() if tag in run.tags), None)
 
 
 class WorkerError(Exception):
@@ -165,7 +176,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
     def _record(self, name: str) -> WorkerRecord | None:
         return WorkerRecord.read(workers_dir(self.state_dir) / f"{name}.json")
 
-    def _dispatch(self, run: DagsterRun, resume: bool) -> WorkerRecord:
+    def _dispatch(self, run: DagsterRun, resume: bool, pool: str) -> WorkerRecord:
         """Offer the run to each idle registered worker until one accepts, waiting if all are busy.
 
         The binding tags are written BEFORE the offer: once a worker accepts, its ops write stage
@@ -174,7 +185,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         """
         deadline = time.monotonic() + self.launch_timeout
         while True:
-            for record in read_workers(self.state_dir):
+            for record in read_workers(self.state_dir, pool):
                 try:
                     status = call_worker(record.url, "/status", timeout=self.request_timeout)
                     if status.get("state") != "idle" or status.get("boot_id") != record.boot_id:
@@ -193,7 +204,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             # A worker that just finished may still be tidying up; the queue limit keeps this short.
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"no idle device worker under {workers_dir(self.state_dir)} "
+                    f"no idle {pool} worker under {workers_dir(self.state_dir)} "
                     f"within {self.launch_timeout}s for run {run.run_id}"
                 )
             time.sleep(0.2)
@@ -212,11 +223,11 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             },
         )
 
-    def _bind(self, run: DagsterRun, resume: bool) -> None:
-        record = self._dispatch(run, resume)
+    def _bind(self, run: DagsterRun, resume: bool, pool: str) -> None:
+        record = self._dispatch(run, resume, pool)
         verb = "Resumed" if resume else "Launched"
         self._instance.report_engine_event(
-            f"{verb} run on device worker {record.name} ({record.device}, pid {record.pid})",
+            f"{verb} run on {pool} worker {record.name} ({record.device}, pid {record.pid})",
             run,
             cls=self.__class__,
         )
@@ -224,10 +235,11 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
     # -- RunLauncher --------------------------------------------------------
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
-        if GPU_TAG not in run.tags:
+        pool = run_pool(run)
+        if pool is None:
             self._fallback().launch_run(context)
             return
-        self._bind(run, resume=False)
+        self._bind(run, resume=False, pool=pool)
 
     @property
     def supports_resume_run(self) -> bool:
@@ -235,16 +247,17 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
 
     def resume_run(self, context: ResumeRunContext) -> None:
         run = context.dagster_run
-        if GPU_TAG not in run.tags:
-            raise NotImplementedError("only device-worker runs can be resumed")
-        self._bind(run, resume=True)
+        pool = run_pool(run)
+        if pool is None:
+            raise NotImplementedError("only runs of a worker pool can be resumed")
+        self._bind(run, resume=True, pool=pool)
 
     def terminate(self, run_id: str) -> bool:
         check.str_param(run_id, "run_id")
         run = self._instance.get_run_by_id(run_id)
         if not run or run.is_finished:
             return False
-        if GPU_TAG not in run.tags:
+        if run_pool(run) is None:
             return self._fallback().terminate(run_id)
         self._instance.report_run_canceling(run)
         record = self._record(run.tags.get(WORKER_TAG, ""))
@@ -266,9 +279,9 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         return True
 
     def check_run_worker_health(self, run: DagsterRun) -> CheckRunHealthResult:
-        if GPU_TAG not in run.tags:
+        if run_pool(run) is None:
             # The stock launcher cannot be asked either; leave such runs to the runtime limit.
-            return CheckRunHealthResult(WorkerStatus.RUNNING, "not a device-worker run")
+            return CheckRunHealthResult(WorkerStatus.RUNNING, "not a worker-pool run")
         name, boot_id = run.tags.get(WORKER_TAG), run.tags.get(BOOT_TAG)
         if not name or not boot_id:
             return CheckRunHealthResult(WorkerStatus.RUNNING, "being bound to a worker", transient=True)

@@ -13,7 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from orchestration.launcher import GPU_TAG
+from orchestration.launcher import GPU_TAG, MEDIA_TAG
+from orchestration.storage import sqlite_storage_config
 from shotloom.api_config import ApiConfig
 from shotloom.config import REPO_ROOT, Adapter
 
@@ -56,6 +57,11 @@ class DeviceConfig(_Strict):
 class WorkersConfig(_Strict):
     warm: bool = Field(default=True, description="Load the model before taking the first run.")
     devices: list[DeviceConfig] = Field(min_length=1)
+    media: int = Field(
+        default=1,
+        ge=1,
+        description="Media workers (CPU, no model): merges run there, never behind a generation.",
+    )
     cpu_nice: int = Field(
         default=10,
         ge=0,
@@ -223,18 +229,25 @@ class ServerConfig(_Strict):
                 names.append(f"cuda-{index if kind == 'cuda' else kind}")
         return names
 
+    def media_worker_names(self) -> list[str]:
+        return [f"media-{n}" for n in range(self.workers.media)]
+
     def dagster_yaml(self) -> dict[str, Any]:
         m = self.monitoring
         return {
-            "storage": {"sqlite": {"base_dir": str(self.dagster_home / "storage")}},
+            **sqlite_storage_config(self.dagster_home / "storage"),
             "run_coordinator": {
                 "module": "orchestration.coordinator",
                 "class": "DeviceRunCoordinator",
                 "config": {
                     "dequeue_interval_seconds": self.dequeue_interval_seconds,
                     "state_dir": str(self.state_dir),  # queue control (pause, priorities) lives there
-                    # One limit on the key (not per value): any free worker takes the oldest run.
-                    "tag_concurrency_limits": [{"key": GPU_TAG, "limit": len(self.workers.devices)}],
+                    # One limit per pool, on the key (not per value): any free worker of the pool
+                    # takes its oldest run.
+                    "tag_concurrency_limits": [
+                        {"key": GPU_TAG, "limit": len(self.workers.devices)},
+                        {"key": MEDIA_TAG, "limit": self.workers.media},
+                    ],
                 },
             },
             "run_launcher": {

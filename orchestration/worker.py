@@ -1,6 +1,11 @@
-"""Long-lived device worker: one process per device, model loaded once, runs executed in-process.
+"""Long-lived worker: one process per device, model loaded once, runs executed in-process.
 
     python -m orchestration.worker --device cpu:0 --threads 1 --state-dir var/server
+    python -m orchestration.worker --pool media --name media-0 --state-dir var/server
+
+A device worker runs generations on its device. A media worker (``--pool media``) runs the
+light media jobs (merges) on the CPU with no model: warm, so a merge takes milliseconds of
+work plus the hand-over, never waiting behind a generation nor holding a device.
 
 The worker pins its device (``CUDA_VISIBLE_DEVICES``, thread counts) before torch
 is imported, optionally warms the model, registers itself under
@@ -110,12 +115,21 @@ def runtimes_snapshot() -> list[dict[str, Any]]:
 
 
 class Worker:
-    def __init__(self, name: str, device: str, threads: int, state_dir: Path, warm: bool, runtime_cfg=None):
+    def __init__(
+        self,
+        name: str,
+        device: str,
+        threads: int,
+        state_dir: Path,
+        warm: bool,
+        runtime_cfg=None,
+        pool: str = "device",
+    ):
         from dagster import DagsterInstance
 
         from orchestration.server_config import RuntimeConfig
 
-        self.name, self.device, self.threads = name, device, threads
+        self.name, self.device, self.threads, self.pool = name, device, threads, pool
         self.state_dir, self.warm = state_dir, warm
         self.runtime_cfg: RuntimeConfig = runtime_cfg or RuntimeConfig()
         self.admission_plan: dict[str, Any] | None = None
@@ -138,6 +152,7 @@ class Worker:
         with self.lock:
             base = {
                 "name": self.name,
+                "pool": self.pool,
                 "device": self.device,
                 "threads": self.threads,
                 "nice": os.getpriority(os.PRIO_PROCESS, 0),
@@ -204,6 +219,11 @@ class Worker:
 
     def _warm(self) -> None:
         started = time.perf_counter()
+        if self.pool == "media":  # no model: load the code location its runs execute
+            import orchestration.definitions  # noqa: F401
+
+            log.info("%s warmed the code location in %.1fs", self.name, time.perf_counter() - started)
+            return
         runtime = self._runtime()
         if self._admit(None, runtime):
             runtime.adapter  # noqa: B018 - loads the weights
@@ -259,12 +279,12 @@ class Worker:
         """
         from dagster import DagsterRunStatus, RunsFilter
 
-        from orchestration.launcher import BOOT_TAG, GPU_TAG, PID_TAG, WORKER_TAG
+        from orchestration.launcher import BOOT_TAG, PID_TAG, POOL_TAGS, WORKER_TAG
         from resources import run_state
         from shotloom import stages
 
         records = self.instance.get_run_records(
-            RunsFilter(statuses=[DagsterRunStatus.STARTING], tags={GPU_TAG: "1"})
+            RunsFilter(statuses=[DagsterRunStatus.STARTING], tags={POOL_TAGS[self.pool]: "1"})
         )
         now = time.time()
 
@@ -356,14 +376,16 @@ class Worker:
             if run.job_code_origin is None:
                 self.instance.report_run_failed(run, "Run has no job code origin.")
                 return
-            if not self._admit(run_id, self._runtime()):
+            if self.pool == "device" and not self._admit(run_id, self._runtime()):
                 return
             recon_job = recon_job_from_origin(run.job_code_origin)
             with capture_interrupts():
                 try:
-                    for _event in core_execute_run(
-                        recon_job, run, self.instance, inject_env_vars=False, resume_from_failure=resume
-                    ):
+                    if resume:
+                        events = self._resume_from_last_finished_step(recon_job, run)
+                    else:
+                        events = core_execute_run(recon_job, run, self.instance, inject_env_vars=False)
+                    for _event in events:
                         pass
                 except (KeyboardInterrupt, DagsterExecutionInterruptedError):
                     log.info("%s: run %s interrupted", self.name, run_id)
@@ -375,6 +397,31 @@ class Worker:
         finally:
             self._after_run(run_id)
             log.info("%s: run %s done in %.2fs", self.name, run_id, time.perf_counter() - started)
+
+    def _resume_from_last_finished_step(self, recon_job, run):
+        """Execute a run whose worker died, from the steps that had not finished. The finished ones
+        stored their outputs through the IO manager (safetensors under the run id), from which the
+        remaining steps load them: conditioning and denoise are not redone when a worker dies while
+        decoding. (Dagster's ``core_execute_run`` with ``resume_from_failure`` re-runs every step of
+        an in-process executor, and reloads the run, so the subset is applied here.)"""
+        from dagster import DagsterEventType
+        from dagster._core.execution.api import execute_run_iterator
+
+        snapshot = self.instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
+        if run.has_repository_load_data:
+            recon_job = recon_job.with_repository_load_data(snapshot.repository_load_data)
+        records = self.instance.get_records_for_run(run.run_id, of_type=DagsterEventType.STEP_SUCCESS).records
+        finished = {r.event_log_entry.step_key for r in records}
+        planned = run.step_keys_to_execute or [step.key for step in snapshot.steps]
+        remaining = [key for key in planned if key not in finished]
+        if finished and remaining:
+            self.instance.report_engine_event(
+                f"Resuming from the last finished step: {', '.join(sorted(finished))} kept; "
+                f"running {', '.join(remaining)}",
+                run,
+            )
+            run = run._replace(step_keys_to_execute=remaining)
+        return execute_run_iterator(recon_job, run, self.instance, resume_from_failure=True)
 
     def _fail_unfinished(self, run_id: str, message: str) -> None:
         try:
@@ -402,7 +449,7 @@ class Worker:
                 # Interrupted before Dagster could record it (e.g. the run never reached a step).
                 self.instance.report_run_canceled(run, "Canceled on the device worker.")
                 run = self.instance.get_run_by_id(run_id)
-            tags = {LOADS_TAG: str(self.loads())}
+            tags = {LOADS_TAG: str(self.loads())} if self.pool == "device" else {}
             if run is not None and run.status in final:
                 tags.update(stages.stage_tags(final[run.status]))
             run_state.record(self.instance, run_id, tags)
@@ -451,7 +498,7 @@ class Worker:
         self._server.daemon_threads = True
         self.url = f"http://{host}:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True).start()
-        record = WorkerRecord(self.name, self.url, os.getpid(), self.boot_id, self.device)
+        record = WorkerRecord(self.name, self.url, os.getpid(), self.boot_id, self.device, self.pool)
         path = record.write(workers_dir(self.state_dir))
         log.info("%s (%s, pid %d) at %s boot %s", self.name, self.device, os.getpid(), self.url, self.boot_id)
         try:
@@ -529,6 +576,7 @@ def _handler(worker: Worker) -> type[BaseHTTPRequestHandler]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pool", choices=("device", "media"), default="device", help="which runs it takes")
     parser.add_argument("--device", default="cpu:0", help="cpu[:n], cuda:<logical id> or <id>")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     parser.add_argument("--nice", type=int, default=0, help="add this to the process's niceness")
@@ -552,9 +600,8 @@ def main(argv: list[str] | None = None) -> None:
     from orchestration.server_config import RuntimeConfig, ServerConfig
 
     runtime_cfg = ServerConfig.load(args.server_config).runtime if args.server_config else RuntimeConfig()
-    Worker(name, device, args.threads, Path(args.state_dir), args.warm, runtime_cfg).serve(
-        args.host, args.port
-    )
+    worker = Worker(name, device, args.threads, Path(args.state_dir), args.warm, runtime_cfg, args.pool)
+    worker.serve(args.host, args.port)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Callable
@@ -62,6 +63,24 @@ class ApiStack:
             return job.version_id
         finally:
             store.close()
+
+    def events(self, path: str, last_event_id: str | None = None, timeout: float = 180) -> list[dict]:
+        """Read a Server-Sent Events stream to its end: [{"id", "event", "data"}], data parsed."""
+        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+        out: list[dict] = []
+        with self.client.stream("GET", self.base + path, headers=headers, timeout=timeout) as resp:
+            assert resp.status_code == 200, resp.read()
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            event: dict = {}
+            for line in resp.iter_lines():
+                if not line:
+                    if "data" in event:
+                        out.append(event)
+                    event = {}
+                elif not line.startswith(":") and ": " in line:
+                    field, value = line.split(": ", 1)
+                    event[field] = json.loads(value) if field == "data" else value
+        return out
 
     def log(self, name: str | None = None) -> str:
         path = self.state / "logs" / f"{name}.log" if name else self.state / "server.out"

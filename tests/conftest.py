@@ -133,7 +133,7 @@ class Stack:
         from orchestration.launcher import read_workers
 
         out = {}
-        for record in read_workers(self.state):
+        for record in read_workers(self.state, "device"):
             try:
                 with urllib.request.urlopen(record.url + "/status", timeout=2) as resp:
                     out[record.name] = json.loads(resp.read())

@@ -314,6 +314,24 @@ def test_submit_errors_are_typed(gateway):
     assert "noSuchField" in str(err.value)
 
 
+def test_a_batch_of_submissions_enters_the_queue_in_order_each_with_its_own_answer(gateway):
+    from api.dagster_client import RunSubmission
+
+    batch = [
+        RunSubmission("ok_job", {}, {"shotloom/version": uuid.uuid4().hex, "n": str(n)}) for n in range(5)
+    ]
+    batch.insert(2, RunSubmission("no_such_job", {}, {}))
+    answers = gateway.submit_many(batch)
+    assert isinstance(answers[2], DagsterGatewayError) and answers[2].kind == "PipelineNotFoundError"
+    run_ids = [a for a in answers if isinstance(a, str)]
+    assert len(run_ids) == 5
+    runs = gateway.runs(run_ids)
+    assert [runs[r].tags["n"] for r in run_ids] == [str(n) for n in range(5)]
+    created = [runs[r].create_time for r in run_ids]
+    assert created == sorted(created)  # created (so queued) in the order given
+    assert gateway.submit_many([]) == []
+
+
 def test_one_gateway_serves_many_threads(gateway):
     run_ids = [r.run_id for r in gateway._runs_where({}, limit=5)]
     clients = set()

@@ -351,6 +351,28 @@ def test_a_run_dagster_refuses_fails_its_job_and_blocks_no_other(api):
     assert "no_such_field" in failed["error"]
 
 
+def test_a_client_reads_a_whole_job_as_server_sent_events_and_resumes(api):
+    version = api.post("/r2v", shot("streamed")).json()["version_id"]
+    events = api.events(f"/version/{version}/events")
+    kinds = [e["event"] for e in events]
+    assert kinds[-1] == "done" and set(kinds[:-1]) == {"update"}
+    final = events[-1]["data"]
+    assert final == api.get(f"/version/{version}").json()  # the same view polling answers
+    assert final["status"] == "succeeded" and final["video_url"]
+    stages_seen = [e["data"]["stage"] for e in events]
+    assert len(set(stages_seen)) >= 3, stages_seen  # stage changes arrived as they happened
+    ids = [int(e["id"]) for e in events]
+    assert ids == sorted(ids)
+    # Reconnecting: after the end, 204 (an EventSource stops); from an earlier id, the final view.
+    after_end = api.client.get(
+        api.base + f"/version/{version}/events", headers={"Last-Event-ID": events[-1]["id"]}
+    )
+    assert after_end.status_code == 204
+    resumed = api.events(f"/version/{version}/events", last_event_id=events[0]["id"])
+    assert [e["event"] for e in resumed] == ["done"] and resumed[0]["data"] == final
+    assert api.client.get(api.base + "/version/nope/events").status_code == 404
+
+
 def test_merge_by_version_ids_produces_one_film(api, receiver):
     versions = [api.find_version("s1"), api.find_version("s4")]
     receiver.refuse, receiver.attempts, receiver.delivered = 0, [], []
@@ -378,6 +400,13 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
     missing = api.post("/merge", {"work_id": "film", "shots": [{"version_id": "nope"}]})
     assert missing.status_code == 409 and missing.json()["error"].startswith("shots[0].version_id")
 
+    # The merge ran in the long-lived media worker's process (no process started per merge).
+    from orchestration.launcher import WORKER_TAG, read_workers
+
+    [media] = read_workers(api.state, "media")
+    health = api.get("/health").json()
+    assert [w["name"] for w in health["media_workers"]] == [media.name] and health["ready"]["media_workers"]
+
     # Lineage, walked through Dagster's GraphQL as an operator's tool would: the film's
     # materialization names its shots' versions; each version's run recorded its shot with the
     # inputs it was conditioned on (content hashes, and the earlier version a memory slot came from).
@@ -386,6 +415,8 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
 
     web = yaml.safe_load(api.config.read_text())["webserver"]
     gateway = DagsterGateway(web["host"], web["port"])
+    merge_run = gateway.run(done["run_id"])
+    assert merge_run.tags[WORKER_TAG] == media.name
     [film] = [m for m in gateway.materializations(done["run_id"]) if m.asset_key == ("film",)]
     assert film.metadata["versions"] == versions
     assert done["derived_from"] == versions  # GET /version says the same

@@ -146,6 +146,19 @@ def test_create_and_poll_then_download_every_variant(client, stack, tmp_path):
     assert first.sha256 == second.sha256
 
 
+def test_progress_streams_as_server_sent_events_until_the_video_is_done(client, stack):
+    video = client.videos.create(model=MODEL, prompt="a streamed lighthouse", size="64x64", seconds="1")
+    events = stack.events(f"/v1/videos/{video.id}/events")
+    assert events[-1]["event"] == "done" and all(e["event"] == "update" for e in events[:-1])
+    final = events[-1]["data"]
+    assert final["id"] == video.id and final["status"] == "completed" and final["progress"] == 100
+    assert final == stack.get(f"/v1/videos/{video.id}").json()
+    progress = [e["data"]["progress"] for e in events]
+    assert progress == sorted(progress) and len(events) >= 2
+    missing = stack.client.get(stack.base + "/v1/videos/video_nope/events")
+    assert missing.status_code == 404 and missing.json()["error"]["code"]
+
+
 def test_random_seed_is_reported(client):
     video = client.videos.create(model=MODEL, prompt="rain on a window", size="64x64", seconds="1")
     seed = video.model_extra["shotloom"]["seed"]

@@ -32,10 +32,12 @@ from orchestration.launcher import (
     GPU_TAG,
     LAUNCHED_AT_TAG,
     LOADS_TAG,
+    MEDIA_TAG,
     PID_TAG,
     WORKER_TAG,
     DeviceRunLauncher,
     WorkerRecord,
+    read_workers,
     workers_dir,
 )
 from orchestration.server_config import ServerConfig
@@ -99,13 +101,54 @@ def test_generated_dagster_yaml_builds_the_instance(tmp_path):
         # The daemon reads the interval from the coordinator (a float: sub-second dequeue).
         dequeuer = create_daemon_of_type(QueuedRunCoordinatorDaemon.daemon_type(), instance)
         assert dequeuer.interval_seconds == 0.5
-        assert coordinator.get_run_queue_config().tag_concurrency_limits == [{"key": GPU_TAG, "limit": 3}]
+        assert coordinator.get_run_queue_config().tag_concurrency_limits == [
+            {"key": GPU_TAG, "limit": 3},
+            {"key": MEDIA_TAG, "limit": 1},  # merges never wait behind a generation
+        ]
         assert instance.run_monitoring_enabled and instance.run_monitoring_max_resume_run_attempts > 0
         # No "Join the Dagster community" dialog on a fresh state dir, no telemetry.
         assert not instance.nux_enabled and not instance.telemetry_enabled
     shipped = ServerConfig.load(REPO / "configs" / "server.cpu.yaml")
     assert [(d.device, d.threads) for d in shipped.workers.devices] == [("cpu", 1), ("cpu", 1)]
     assert shipped.inference.config == REPO / "configs" / "inference.wan-tiny.yaml"
+
+
+def test_an_earlier_releases_per_run_event_files_move_into_the_consolidated_log(tmp_path):
+    """State dirs of earlier releases kept one event database per run; upgrading keeps every
+    event and the asset history an operator could see."""
+    from dagster import AssetKey, AssetMaterialization
+    from dagster._core.test_utils import create_run_for_test
+
+    from orchestration.storage import consolidate_events
+
+    cfg = ServerConfig.model_validate(
+        {
+            "state_dir": str(tmp_path),
+            "inference": {"config": "configs/inference.wan-tiny.yaml"},
+            "workers": {"devices": [{"device": "cpu"}]},
+        }
+    ).resolved()
+    home = cfg.dagster_home
+    home.mkdir(parents=True)
+    storage = home / "storage"
+    (home / "dagster.yaml").write_text(f"storage:\n  sqlite:\n    base_dir: {storage}\n")
+    with DagsterInstance.from_config(str(home)) as old:
+        runs = [create_run_for_test(old, job_name="r2v") for _ in range(2)]
+        for n, run in enumerate(runs):
+            old.report_engine_event(f"stage decode of run {n}", run)
+            old.report_runless_asset_event(AssetMaterialization(AssetKey(["shot", f"s{n}"])))
+        before = {r.run_id: [e.message for e in old.all_logs(r.run_id)] for r in runs}
+    assert (storage / "history" / "runs").is_dir()
+
+    assert consolidate_events(storage) == 2
+    assert consolidate_events(storage) == 0  # once
+    cfg.write_dagster_yaml()
+    with DagsterInstance.from_config(str(home)) as new:
+        assert type(new.event_log_storage).__name__ == "ConsolidatedSqliteEventLogStorage"
+        assert {r.run_id: [e.message for e in new.all_logs(r.run_id)] for r in runs} == before
+        assert any("stage decode of run 1" in m for m in before[runs[1].run_id])
+        assert {AssetKey(["shot", "s0"]), AssetKey(["shot", "s1"])} <= set(new.all_asset_keys())
+        assert [r.run_id for r in new.get_runs()] == [r.run_id for r in reversed(runs)]
 
 
 def test_health_check_answers_from_the_worker_registry(tmp_path):
@@ -162,7 +205,11 @@ def test_runs_start_in_submission_order_on_both_workers(stack):
 @pytest.mark.slow
 def test_warm_worker_reuses_weights_and_process(stack):
     with stack.instance() as instance:
-        runs = [r.dagster_run for r in instance.get_run_records() if WORKER_TAG in r.dagster_run.tags]
+        runs = [
+            r.dagster_run
+            for r in instance.get_run_records()
+            if GPU_TAG in r.dagster_run.tags and WORKER_TAG in r.dagster_run.tags
+        ]
     workers = stack.workers()
     assert len(runs) >= 6
     for run in runs:
@@ -176,7 +223,7 @@ def test_warm_worker_reuses_weights_and_process(stack):
 
 
 @pytest.mark.slow
-def test_merge_run_takes_the_stock_launcher_path(stack):
+def test_merge_runs_on_the_warm_media_worker_never_a_device(stack):
     media = stack.state / "media"
     inputs = [next((media / "r2v" / "w" / s).glob("*/output.mp4")) for s in ("s0", "s1")]
     config = {"work_id": "w", "inputs": [str(p.relative_to(media)) for p in inputs], "shot_ids": ["s0", "s1"]}
@@ -185,7 +232,9 @@ def test_merge_run_takes_the_stock_launcher_path(stack):
     )
     assert stack.wait([run_id], timeout=120) == [DagsterRunStatus.SUCCESS], stack.log("daemon")
     run = stack.instance().get_run_by_id(run_id)
-    assert GPU_TAG not in run.tags and WORKER_TAG not in run.tags  # no device worker for a merge
+    assert GPU_TAG not in run.tags and run.tags[WORKER_TAG] == "media-0"  # no device for a merge
+    [media_worker] = read_workers(stack.state, "media")
+    assert run.tags[PID_TAG] == str(media_worker.pid)  # in the long-lived process: none started for it
     assert list((media / "merge" / "w").glob("*/film.mp4"))
 
 
@@ -221,7 +270,9 @@ def _succeeded_worker_runs(stack: Stack, at_least: int = 1) -> list:
         runs = [
             r.dagster_run
             for r in instance.get_run_records()
-            if WORKER_TAG in r.dagster_run.tags and r.dagster_run.status == DagsterRunStatus.SUCCESS
+            if GPU_TAG in r.dagster_run.tags
+            and WORKER_TAG in r.dagster_run.tags
+            and r.dagster_run.status == DagsterRunStatus.SUCCESS
         ]
     if len(runs) < at_least:
         run_ids = [first_submit(stack, f"extra-{i}") for i in range(at_least - len(runs))]

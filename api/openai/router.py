@@ -19,6 +19,7 @@ from starlette.datastructures import UploadFile
 
 from api.auth import KeyRing
 from api.context import ApiContext
+from api.core.events import SSE_RESPONSES, job_events
 from api.deps import submitter_dependency
 from api.openai.errors import ErrorBody, OpenAIError
 from api.openai.forms import FormError, unflatten
@@ -424,6 +425,20 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
             media_type="application/json",
             headers={POLL_HEADER: str(serving.poll_after_ms(got.video))},
         )
+
+    @router.get("/videos/{video_id}/events", responses={**_ERRORS, **SSE_RESPONSES})
+    async def video_events(video_id: str, request: Request) -> Response:
+        """Server-Sent Events: the video object (as ``GET /v1/videos/{id}`` answers it) each time it
+        changes, ``event: update`` until ``event: done``; reconnect with ``Last-Event-ID`` to resume."""
+        version = version_of(video_id)
+        if version is None or views.get(version) is None:
+            raise not_found(video_id)
+
+        def render() -> str | None:
+            got = views.get(version)
+            return got.body.decode() if got is not None else None
+
+        return job_events(request, ctx.store, version, render)
 
     @router.get(
         "/videos/{video_id}/content",

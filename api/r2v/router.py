@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import Response
 
 from api.context import ApiContext
+from api.core.events import SSE_RESPONSES, job_events
 from api.deps import submitter_dependency
 from api.r2v.protocol import (
     CALLBACK_HEADER,
@@ -84,6 +85,19 @@ def r2v_router(ctx: ApiContext) -> APIRouter:
         if body is None:
             raise ApiError(404, f"unknown version {version_id!r}")
         return Response(body, media_type="application/json")
+
+    @router.get("/version/{version_id}/events", responses={**_ERRORS, **SSE_RESPONSES})
+    async def version_events(version_id: str, request: Request) -> Response:
+        """Server-Sent Events: the version (as ``GET /version/{id}`` answers it) each time it changes,
+        ``event: update`` until ``event: done``; reconnect with ``Last-Event-ID`` to resume."""
+        if views.get(version_id) is None:
+            raise ApiError(404, f"unknown version {version_id!r}")
+
+        def render() -> str | None:
+            body = views.get(version_id)
+            return body.decode() if body is not None else None
+
+        return job_events(request, ctx.store, version_id, render)
 
     @router.get("/artifact/{artifact_id}", response_model=ArtifactResponse, responses=_ERRORS)
     async def get_artifact(artifact_id: str) -> Response:
