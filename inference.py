@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint": runtime.checkpoint_id,
         "cache_hit": result.cache_hit,
         "timings": result.timings,
+        # On CUDA the allocator's peak; elsewhere the process's peak resident set.
+        "peak_memory_mb": round(runtime.peak_memory_mb()[0], 1),
         **result.media,
     }
     print(json.dumps(summary))

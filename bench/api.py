@@ -16,12 +16,19 @@ ports, waits for ``GET /health`` to answer 200, then measures over real HTTP:
 * v1 accept: ``--v1-requests`` sequential ``POST /v1/videos`` as the ``openai`` SDK sends them
   (multipart/form-data, ``extra_body`` flattened to bracketed string fields), p50/p99
   (target p50 <= 50 ms);
-* v1 poll: the same pollers looping ``GET /v1/videos/{id}`` (target p99 <= 100 ms).
+* v1 poll: the same pollers looping ``GET /v1/videos/{id}`` (target p99 <= 100 ms);
+* start: ``server.py`` launch to the first ``GET /health`` 200 (target <= 20 s);
+* burst: with intake to the devices paused (workers stay free), ``--burst`` ``POST /r2v`` as fast
+  as one client sends them, then the time from the first accept until all are runs in Dagster's
+  queue (read from Dagster's run storage; target <= 5 s) and whether Dagster queued them in accept
+  order; the burst's jobs are then cancelled (``POST /queue/works/burst/cancel``) and intake resumed;
+* merge: ``--merges`` sequential ``POST /merge`` of three finished shots while the workers still
+  compute the accepted jobs, each timed to ``succeeded`` (polled every 20 ms; target p50 <= 1.5 s).
 
 Also shown: CPU time the API process spent per request in each phase (from /proc, via psutil).
 The service is stopped with SIGTERM to its process group (SIGKILL after 60 s), also on errors.
 
-    python bench/api.py [--requests 60] [--pollers 50] [--seconds 10] [--keep]
+    python bench/api.py [--requests 60] [--pollers 50] [--seconds 10] [--burst 100] [--merges 5] [--keep]
 """
 
 from __future__ import annotations
@@ -54,7 +61,15 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 from api_stack import ApiStack, free_port, launch, stop_api_stack, wait_ready  # noqa: E402
 
-TARGETS = {"accept_p50_ms": 500.0, "version_p99_ms": 100.0, "v1_accept_p50_ms": 50.0, "v1_poll_p99_ms": 100.0}
+TARGETS = {
+    "accept_p50_ms": 500.0,
+    "version_p99_ms": 50.0,
+    "v1_accept_p50_ms": 50.0,
+    "v1_poll_p99_ms": 100.0,
+    "start_s": 20.0,
+    "burst_queued_s": 5.0,
+    "merge_p50_s": 1.5,
+}
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
@@ -244,6 +259,70 @@ def measure_accept(
     }, versions
 
 
+def measure_burst(stack: ApiStack, state: Path, n: int) -> dict:
+    """``n`` accepts as fast as one client sends them; seconds until all are runs in Dagster."""
+    from dagster import DagsterInstance, RunsFilter
+
+    from shotloom.stages import VERSION_TAG
+
+    assert stack.client.post(stack.base + "/queue/pause").status_code == 200
+    bodies = [{**r2v_body(i), "work_id": "burst", "job_id": f"burst-{i:04d}"} for i in range(n)]
+    conn = Conn("127.0.0.1", int(stack.base.rsplit(":", 1)[1]))
+    accepted: list[str] = []
+    with DagsterInstance.from_config(str(state / "dagster_home")) as instance:
+        burst = RunsFilter(tags={"shotloom/work_id": "burst"})
+        start = time.perf_counter()
+        for body in bodies:
+            status, raw = conn.request("POST", "/r2v", json.dumps(body).encode())
+            if status != 202:
+                raise RuntimeError(f"POST /r2v answered {status}: {raw[:300]!r}")
+            accepted.append(json.loads(raw)["version_id"])
+        accept_s = time.perf_counter() - start
+        while instance.get_runs_count(burst) < n:
+            if time.perf_counter() - start > 300:
+                raise RuntimeError("the burst did not reach Dagster in 300 s")
+            time.sleep(0.05)
+        queued_s = time.perf_counter() - start
+        runs = sorted(instance.get_run_records(burst), key=lambda r: r.storage_id)  # Dagster's FIFO order
+        order = [r.dagster_run.tags[VERSION_TAG] for r in runs]
+    conn.close()
+    stack.client.post(stack.base + "/queue/works/burst/cancel")
+    stack.client.post(stack.base + "/queue/resume")
+    return {"n": n, "accept_s": accept_s, "queued_s": queued_s, "in_order": order == accepted}
+
+
+def measure_merges(stack: ApiStack, versions: list[str], merges: int) -> dict:
+    """Sequential merges of three finished shots, each from POST /merge to succeeded."""
+
+    def succeeded() -> list[str]:
+        done = [v for v in versions if stack.get(f"/version/{v}").json()["status"] == "succeeded"]
+        return done[:3] if len(done) >= 3 else []
+
+    deadline = time.monotonic() + 600
+    shots = succeeded()
+    while not shots:
+        if time.monotonic() > deadline:
+            raise RuntimeError("fewer than 3 shots succeeded in 600 s")
+        time.sleep(1)
+        shots = succeeded()
+    times = []
+    for n in range(merges):
+        body = {"work_id": f"bench-film-{n}", "shots": [{"version_id": v} for v in shots]}
+        start = time.perf_counter()
+        resp = stack.post("/merge", body)
+        if resp.status_code != 202:
+            raise RuntimeError(f"POST /merge answered {resp.status_code}: {resp.text[:300]}")
+        version = resp.json()["version_id"]
+        while (status := stack.get(f"/version/{version}").json()["status"]) not in ("succeeded", "failed"):
+            if time.perf_counter() - start > 120:
+                raise RuntimeError(f"merge {version} still {status} after 120 s")
+            time.sleep(0.02)
+        if status != "succeeded":
+            raise RuntimeError(f"merge {version} failed")
+        times.append(time.perf_counter() - start)
+    return {"n": merges, "p50_s": statistics.median(times), "max_s": max(times), "times": times}
+
+
 async def _get(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
 ) -> tuple[int, bytes]:
@@ -335,6 +414,8 @@ def main() -> None:
     p.add_argument("--pollers", type=int, default=50, help="concurrent GET /version pollers")
     p.add_argument("--seconds", type=float, default=10.0, help="how long the pollers run")
     p.add_argument("--v1-requests", type=int, default=60, help="sequential POST /v1/videos requests")
+    p.add_argument("--burst", type=int, default=100, help="POST /r2v sent as fast as possible")
+    p.add_argument("--merges", type=int, default=5, help="sequential POST /merge of three finished shots")
     p.add_argument("--cpu-nice", type=int, help="workers.cpu_nice (default: the server's)")
     p.add_argument("--keep", action="store_true", help="keep the temporary state dir")
     args = p.parse_args()
@@ -350,12 +431,17 @@ def main() -> None:
         print("starting server.py (webserver, daemon, 2 CPU workers, API) ...", flush=True)
         started = time.monotonic()
         stack = launch(config, state)
-        wait_ready(stack, timeout=300)
-        print(f"  /health 200 after {time.monotonic() - started:.1f} s", flush=True)
+        wait_ready(stack, timeout=300, interval=0.1)
+        start_s = time.monotonic() - started
+        print(f"  /health 200 after {start_s:.1f} s", flush=True)
         host, port = "127.0.0.1", int(stack.base.rsplit(":", 1)[1])
         api = api_process(stack)
         print(f"  API pid {api.pid if api else '?'}", flush=True)
 
+        print(
+            f"burst: POST /r2v x {args.burst} with intake paused, until all are Dagster runs ...", flush=True
+        )
+        burst = measure_burst(stack, state, args.burst)
         print(f"POST /r2v x {args.requests} (sequential) ...", flush=True)
         accept, versions = measure_accept(host, port, args.requests, api)
         print(f"GET /version: {args.pollers} pollers for {args.seconds:g} s ...", flush=True)
@@ -366,6 +452,8 @@ def main() -> None:
         v1_accept, videos = measure_accept(host, port, args.v1_requests, api, v1=True)
         print(f"GET /v1/videos/{{id}}: {args.pollers} pollers for {args.seconds:g} s ...", flush=True)
         v1_poll = measure_version(host, port, videos, args.pollers, args.seconds, api, stack, "/v1/videos/")
+        print(f"merge of 3 finished shots x {args.merges} (workers computing) ...", flush=True)
+        merge = measure_merges(stack, versions, args.merges)
         health = stack.get("/health").json()
         health["submitted"] = submitted_count(state)
     except BaseException:
@@ -382,11 +470,19 @@ def main() -> None:
         else:
             shutil.rmtree(root, ignore_errors=True)
 
-    report(args, accept, version, v1_accept, v1_poll, health)
+    report(args, accept, version, v1_accept, v1_poll, health, start_s, burst, merge)
 
 
 def report(
-    args: argparse.Namespace, accept: dict, version: dict, v1_accept: dict, v1_poll: dict, health: dict
+    args: argparse.Namespace,
+    accept: dict,
+    version: dict,
+    v1_accept: dict,
+    v1_poll: dict,
+    health: dict,
+    start_s: float,
+    burst: dict,
+    merge: dict,
 ) -> None:
     queue = health["queues"]["r2v"]
     print()
@@ -422,11 +518,23 @@ def report(
         f"host {version['host_cpu_util']:.2f} of {os.cpu_count()}"
     )
     print(f"r2v queue at the end (API's view): {queue}; submitted to Dagster: {health['submitted']}")
+    print(f"start: GET /health 200 {start_s:.1f} s after server.py was launched")
+    print(
+        f"burst: {burst['n']} accepted in {burst['accept_s']:.2f} s, all runs in Dagster after "
+        f"{burst['queued_s']:.2f} s, queued in accept order: {burst['in_order']}"
+    )
+    print(
+        f"merge of 3 shots: p50 {merge['p50_s']:.2f} s, max {merge['max_s']:.2f} s "
+        f"({', '.join(f'{t:.2f}' for t in merge['times'])})"
+    )
     verdict = {
         "accept_p50_ms": accept["p50_ms"] <= TARGETS["accept_p50_ms"],
         "version_p99_ms": version["p99_ms"] <= TARGETS["version_p99_ms"],
         "v1_accept_p50_ms": v1_accept["p50_ms"] <= TARGETS["v1_accept_p50_ms"],
         "v1_poll_p99_ms": v1_poll["p99_ms"] <= TARGETS["v1_poll_p99_ms"],
+        "start_s": start_s <= TARGETS["start_s"],
+        "burst_queued_s": burst["queued_s"] <= TARGETS["burst_queued_s"] and burst["in_order"],
+        "merge_p50_s": merge["p50_s"] <= TARGETS["merge_p50_s"],
     }
     for key, ok in verdict.items():
         print(f"target {key} <= {TARGETS[key]:g}: {'met' if ok else 'MISSED'}")
@@ -442,6 +550,11 @@ def report(
         "v1_poll_p99_ms": round(v1_poll["p99_ms"], 1),
         "pollers": args.pollers,
         "n_accept": accept["n"],
+        "start_s": round(start_s, 1),
+        "burst_n": burst["n"],
+        "burst_queued_s": round(burst["queued_s"], 2),
+        "burst_in_order": burst["in_order"],
+        "merge_p50_s": round(merge["p50_s"], 2),
     }))  # fmt: skip
 
 

@@ -107,7 +107,7 @@ def launch(config: Path, state: Path, authorization: str | None = None) -> ApiSt
     )
 
 
-def wait_ready(stack: ApiStack, timeout: float = 150) -> ApiStack:
+def wait_ready(stack: ApiStack, timeout: float = 150, interval: float = 1) -> ApiStack:
     def ready():
         assert stack.proc.poll() is None, stack.log() + stack.log("api")
         try:
@@ -116,7 +116,7 @@ def wait_ready(stack: ApiStack, timeout: float = 150) -> ApiStack:
             return False
 
     try:
-        wait_for(ready, timeout, "the service to be ready", interval=1)
+        wait_for(ready, timeout, "the service to be ready", interval=interval)
     except AssertionError:
         raise AssertionError(stack.log() + stack.log("api")) from None
     return stack

@@ -47,6 +47,52 @@ _TINY_WORDS = (
 
 
 # -- tiny checkpoint -----------------------------------------------------------------------------
+def _full_size_components(text_layers: int) -> dict[str, Any]:
+    """Wan 2.1 VACE 1.3B's published component configs (text encoder shortened: see the builder)."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanVACETransformer3DModel
+    from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
+
+    tokenizer = T5Tokenizer(vocab=_tiny_vocab(), extra_ids=0)
+    text_encoder = UMT5EncoderModel(
+        UMT5Config(
+            vocab_size=len(tokenizer),
+            d_model=4096,
+            d_kv=64,
+            d_ff=10240,
+            num_layers=text_layers,
+            num_heads=64,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.pad_token_id,
+        )
+    )
+    transformer = WanVACETransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=12,
+        attention_head_dim=128,
+        in_channels=16,
+        out_channels=16,
+        text_dim=4096,
+        freq_dim=256,
+        ffn_dim=8960,
+        num_layers=30,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        eps=1e-6,
+        rope_max_seq_len=1024,
+        vace_layers=[0, 5, 10, 15, 20, 25],
+        vace_in_channels=96,
+    )
+    vae = AutoencoderKLWan(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2)
+    return {
+        "tokenizer": tokenizer,
+        "text_encoder": text_encoder,
+        "vae": vae,
+        "transformer": transformer,
+        "scheduler": FlowMatchEulerDiscreteScheduler(shift=1.0),
+    }
+
+
 def _tiny_vocab() -> list[tuple[str, float]]:
     """A Unigram vocabulary built offline: specials, single characters and a few whole words."""
     specials = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
@@ -182,6 +228,21 @@ class WanAdapter(FamilyAdapter):
         return build_checkpoint(
             out_dir, seed, lambda: getattr(diffusers, pipeline)(**_tiny_components(pipeline))
         )
+
+    @classmethod
+    def build_full_size_checkpoint(cls, out_dir: Path, seed: int = 0, *, text_layers: int = 2) -> Path:
+        """A randomly initialised checkpoint shaped like Wan 2.1 VACE 1.3B (the DiT and VAE at full
+        size, as published), for GPU checks without a download: real memory figures and kernels.
+        The UMT5 text encoder keeps the real width (4096, what the DiT reads) but ``text_layers``
+        layers and the tiny vocabulary: the real 24-layer one is 5.7B parameters of no interest
+        here. Saved in bfloat16 (2.6 GB for the DiT)."""
+        import diffusers
+
+        def make():
+            pipe = diffusers.WanVACEPipeline(**_full_size_components(text_layers))
+            return pipe.to(torch.bfloat16)
+
+        return build_checkpoint(out_dir, seed, make)
 
     @classmethod
     def load(cls, cfg: InferenceConfig, device: str = "cpu") -> WanAdapter:
