@@ -1,6 +1,6 @@
 """Start the whole service from one server YAML.
 
-    python server.py --config configs/server.cpu.yaml
+    python server.py --config configs/server.cpu.yaml [--role all|control|workers]
 
 Writes ``<state_dir>/dagster_home/dagster.yaml`` (sqlite storage, queued run
 coordinator with one gpu-tag limit, run monitoring, DeviceRunLauncher), then
@@ -11,6 +11,10 @@ run monitoring; the daemon and webserver hold no state of their own (queued runs
 live in run storage), so nothing queued is lost. A child that keeps dying
 (``restart_limit`` times within ``restart_window_seconds``) stops the service.
 SIGTERM/SIGINT stops everything, grandchildren included.
+
+Roles split the service across hosts that share PostgreSQL storage (``storage.postgres_url_env``):
+``control`` runs the webserver, daemon and API; ``workers`` runs the device and media workers its
+YAML lists; ``all`` (the default) runs everything on one host.
 """
 
 from __future__ import annotations
@@ -48,24 +52,23 @@ class ReadyReport:
     def __init__(self, stack: Stack, started: float, poll: float = 0.25, give_up_s: float = 600):
         self.stack, self.started, self.poll, self.give_up_s = stack, started, poll, give_up_s
         self.ready: dict[str, float] = {}
+        self.instance = None  # DagsterInstance, opened on first use
 
     def _probe(self, name: str) -> bool:
         import httpx
 
-        from orchestration.launcher import WorkerError, call_worker, read_workers
+        from orchestration.launcher import WorkerError, call_worker
 
         cfg = self.stack.cfg
         if name.startswith("worker-"):
-            record = next((w for w in read_workers(cfg.state_dir) if f"worker-{w.name}" == name), None)
+            record = self._registry().get(name.removeprefix("worker-"))
             try:
-                return record is not None and call_worker(record.url, "/status")["state"] in ("idle", "busy")
+                alive = record is not None and record.heartbeat >= self.started
+                return alive and call_worker(record.url, "/status")["state"] in ("idle", "busy")
             except WorkerError:
                 return False
         if name == "daemon":
-            from dagster import DagsterInstance
-
-            with DagsterInstance.from_config(str(cfg.dagster_home)) as instance:
-                beats = instance.get_daemon_heartbeats().values()
+            beats = self._instance().get_daemon_heartbeats().values()
             return any(b.timestamp >= self.started for b in beats)
         url = {
             "webserver": f"http://{cfg.webserver.host}:{cfg.webserver.port}/server_info",
@@ -76,6 +79,18 @@ class ReadyReport:
         except httpx.HTTPError:
             return False
 
+    def _instance(self):
+        from dagster import DagsterInstance
+
+        if self.instance is None:
+            self.instance = DagsterInstance.from_config(str(self.stack.cfg.dagster_home))
+        return self.instance
+
+    def _registry(self):
+        from orchestration.registry import WorkerRegistry
+
+        return WorkerRegistry(self._instance().run_storage)
+
     def _healthy(self) -> bool:
         import httpx
 
@@ -85,18 +100,23 @@ class ReadyReport:
             return False
 
     def run(self) -> None:
+        try:
+            self._watch()
+        finally:
+            if self.instance is not None:
+                self.instance.dispose()
+
+    def _watch(self) -> None:
         while not self.stack.stopping and time.time() - self.started < self.give_up_s:
             for name in self.stack.commands:
                 if name not in self.ready and self._safe_probe(name):
                     self.ready[name] = time.time() - self.started
                     log.info("%s ready %.1fs after start", name, self.ready[name])
-            if len(self.ready) == len(self.stack.commands) and self._healthy():
+            serves_api = "api" in self.stack.commands
+            if len(self.ready) == len(self.stack.commands) and (not serves_api or self._healthy()):
                 parts = ", ".join(f"{n} {t:.1f}s" for n, t in sorted(self.ready.items(), key=lambda i: i[1]))
-                log.info(
-                    "healthy (GET /health 200) %.1fs after start; ready: %s",
-                    time.time() - self.started,
-                    parts,
-                )
+                what = "healthy (GET /health 200)" if serves_api else "all workers ready"
+                log.info("%s %.1fs after start; ready: %s", what, time.time() - self.started, parts)
                 return
             time.sleep(self.poll)
 
@@ -107,9 +127,14 @@ class ReadyReport:
             return False
 
 
+ROLES = ("all", "control", "workers")
+STAGED_YAML = "dagster.yaml.staged"  # the instance config while its storage is being created
+
+
 class Stack:
-    def __init__(self, cfg: ServerConfig, config_path: Path):
+    def __init__(self, cfg: ServerConfig, config_path: Path, role: str = "all"):
         self.cfg = cfg
+        self.role = role
         self.config_path = config_path
         self.logs = cfg.state_dir / "logs"
         self.procs: dict[str, subprocess.Popen] = {}
@@ -134,26 +159,27 @@ class Stack:
 
     def plan(self) -> None:
         cfg, py = self.cfg, sys.executable
-        for name, dev in zip(cfg.worker_names(), cfg.workers.devices, strict=True):
-            device = name.replace("-", ":", 1)  # cpu-1 -> cpu:1, cuda-3 -> cuda:3
-            cmd = [py, "-m", "orchestration.worker", "--device", device, "--name", name]
-            cmd += ["--threads", str(dev.threads), "--nice", str(cfg.workers.niceness(dev))]
-            cmd += ["--state-dir", str(cfg.state_dir)]
-            cmd += ["--server-config", str(self.config_path)]
-            self.commands[f"worker-{name}"] = cmd + ([] if cfg.workers.warm else ["--no-warm"])
-        for name in cfg.media_worker_names():
-            cmd = [py, "-m", "orchestration.worker", "--pool", "media", "--device", "cpu", "--name", name]
-            cmd += ["--threads", "1", "--state-dir", str(cfg.state_dir)]
-            cmd += ["--server-config", str(self.config_path)]
-            self.commands[f"worker-{name}"] = cmd
-        workspace = ["-w", str(cfg.workspace)]
-        self.commands["daemon"] = [py, "-m", "dagster._daemon", "run", *workspace]
-        web = cfg.webserver
-        self.commands["webserver"] = [
-            py, "-m", "dagster_webserver", "-h", web.host, "-p", str(web.port), *workspace
-        ]  # fmt: skip
-        # The HTTP API: one process (its follower threads own submission and callbacks).
-        self.commands["api"] = [py, "-m", "api", "--config", str(self.config_path)]
+        if self.role in ("all", "workers"):
+            bind = ["--host", cfg.workers.bind] + (
+                ["--advertise", cfg.workers.advertise] if cfg.workers.advertise else []
+            )
+            common = ["--state-dir", str(cfg.state_dir), "--server-config", str(self.config_path), *bind]
+            for (name, device), dev in zip(cfg.worker_slots(), cfg.workers.devices, strict=True):
+                cmd = [py, "-m", "orchestration.worker", "--device", device, "--name", name]
+                cmd += ["--threads", str(dev.threads), "--nice", str(cfg.workers.niceness(dev)), *common]
+                self.commands[f"worker-{name}"] = cmd + ([] if cfg.workers.warm else ["--no-warm"])
+            for name in cfg.media_worker_names():
+                cmd = [py, "-m", "orchestration.worker", "--pool", "media", "--device", "cpu", "--name", name]
+                self.commands[f"worker-{name}"] = [*cmd, "--threads", "1", *common]
+        if self.role in ("all", "control"):
+            workspace = ["-w", str(cfg.workspace)]
+            self.commands["daemon"] = [py, "-m", "dagster._daemon", "run", *workspace]
+            web = cfg.webserver
+            self.commands["webserver"] = [
+                py, "-m", "dagster_webserver", "-h", web.host, "-p", str(web.port), *workspace
+            ]  # fmt: skip
+            # The HTTP API: one process (its follower threads own submission and callbacks).
+            self.commands["api"] = [py, "-m", "api", "--config", str(self.config_path)]
 
     def spawn(self, name: str) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -170,21 +196,32 @@ class Stack:
         log.info("started %s (pid %d)", name, self.procs[name].pid)
 
     def init_storage(self) -> None:
-        """Create the sqlite schemas once: children racing to create them fail ("already exists")."""
+        """Create Dagster's schemas once, before any child opens them: processes (or, on PostgreSQL,
+        hosts) creating them at the same time fail ("already exists")."""
         from dagster import DagsterInstance
 
-        from orchestration.storage import consolidate_events
+        from orchestration.storage import consolidate_events, postgres_lock
 
+        def create() -> None:
+            with DagsterInstance.from_config(str(self.cfg.dagster_home), STAGED_YAML) as instance:
+                instance.get_runs(limit=1)
+                instance.event_log_storage.get_asset_records()
+                instance.all_instigator_state()
+
+        env = self.cfg.storage.postgres_url_env
+        if env:
+            with postgres_lock(os.environ[env], "dagster-schema"):  # one host at a time
+                create()
+            return
         consolidate_events(self.cfg.dagster_home / "storage")  # a state dir of an earlier release
-        with DagsterInstance.from_config(str(self.cfg.dagster_home)) as instance:
-            instance.get_runs(limit=1)
-            instance.event_log_storage.get_asset_records()
-            instance.all_instigator_state()
+        create()
 
     def start(self) -> None:
         self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
-        self.cfg.write_dagster_yaml()
+        # dagster.yaml appears only once its storage exists: nothing opens a half-made schema.
+        staged = self.cfg.write_dagster_yaml(STAGED_YAML)
         self.init_storage()
+        staged.replace(staged.with_name("dagster.yaml"))
         self.plan()
         for name in self.commands:  # workers first: they warm while the webserver boots
             self.spawn(name)
@@ -249,12 +286,25 @@ class Stack:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Start the API, Dagster webserver, daemon and workers.")
     parser.add_argument("--config", default="configs/server.cpu.yaml", help="server YAML")
+    parser.add_argument(
+        "--role",
+        choices=ROLES,
+        default="all",
+        help="control: webserver, daemon, API; workers: this host's workers",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)  # Dagster's schema checks: a page of noise
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the readiness probes
     cfg = ServerConfig.load(args.config)
-    stack = Stack(cfg, Path(args.config).resolve())
+    env = cfg.storage.postgres_url_env
+    if env:  # this process and every child read Dagster's storage URL from it
+        from orchestration.storage import dagster_postgres_url
+
+        if not os.environ.get(env):
+            parser.error(f"storage.postgres_url_env: the environment variable {env} is not set")
+        os.environ[env] = dagster_postgres_url(os.environ[env])
+    stack = Stack(cfg, Path(args.config).resolve(), args.role)
 
     def stop(signo: int, _frame: object) -> None:
         log.info("signal %d: shutting down", signo)
@@ -267,13 +317,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack.start()
         threading.Thread(target=ReadyReport(stack, started).run, name="ready", daemon=True).start()
-        log.info(
-            "API on %s (docs at /docs), Dagster UI on http://%s:%d, state in %s",
-            cfg.api.base_url(),
-            cfg.webserver.host,
-            cfg.webserver.port,
-            cfg.state_dir,
-        )
+        if args.role == "workers":
+            log.info("workers of this host: %s; state in %s", ", ".join(stack.commands), cfg.state_dir)
+        else:
+            log.info(
+                "API on %s (docs at /docs), Dagster UI on http://%s:%d, state in %s",
+                cfg.api.base_url(),
+                cfg.webserver.host,
+                cfg.webserver.port,
+                cfg.state_dir,
+            )
         code = stack.supervise()
     finally:
         stack.shutdown()

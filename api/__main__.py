@@ -1,7 +1,8 @@
 """``python -m api --config <server YAML>``: serve the HTTP API (one Uvicorn process).
 
-server.py starts it beside the Dagster webserver, daemon and device workers. It reaches Dagster
-only through the webserver's GraphQL endpoint, and never imports torch.
+server.py starts it beside the Dagster webserver, daemon and device workers. It reaches Dagster's
+runs only through the webserver's GraphQL endpoint (it reads the worker registry, our own records
+in Dagster's key-value table, from the storage), and never imports torch.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import logging
 
 import uvicorn
+from dagster import DagsterInstance
 
 from api.app import create_app
 from api.auth import load_keys
@@ -18,16 +20,19 @@ from api.core.jobs import JobService
 from api.dagster_client import DagsterGateway
 from api.follower import Follower
 from api.store import Store
+from orchestration.registry import WorkerRegistry
 from orchestration.server_config import ServerConfig
 from shotloom.config import REPO_ROOT, load_inference_config
 
 
 def build_context(cfg: ServerConfig) -> ApiContext:
     api = cfg.api
-    store = Store(api.resolved_database_url(cfg.state_dir))
+    store = Store(cfg.service_store_url())
     web = cfg.webserver
     gateway = DagsterGateway("127.0.0.1" if web.host in ("0.0.0.0", "::") else web.host, web.port)
-    follower = Follower(store, gateway, api, cfg.state_dir)
+    # The worker registry lives in Dagster's storage (shared by every host); the API reads it there.
+    registry = WorkerRegistry(DagsterInstance.from_config(str(cfg.dagster_home)).run_storage)
+    follower = Follower(store, gateway, api, registry, poll_seconds=api.follow_interval_seconds)
     inference = load_inference_config(cfg.inference_config())
     jobs = JobService(
         store,

@@ -670,13 +670,18 @@ class DagsterGateway:
     def run(self, run_id: str) -> RunInfo | None:
         return self.runs([run_id]).get(run_id)
 
-    def runs(self, run_ids: Iterable[str], failures: bool = True) -> dict[str, RunInfo]:
-        """The runs among ``run_ids`` that exist, in one query (plus one for failed runs whose
-        failure details are not cached yet, when ``failures``)."""
+    def runs(
+        self, run_ids: Iterable[str], failures: bool = True, statuses: Iterable[str] | None = None
+    ) -> dict[str, RunInfo]:
+        """The runs among ``run_ids`` that exist (in one of ``statuses``, when given), in one query
+        (plus one for failed runs whose failure details are not cached yet, when ``failures``)."""
         ids = list(dict.fromkeys(run_ids))
         if not ids:
             return {}
-        variables = {"filter": {"runIds": ids}, "cursor": None, "limit": None}
+        run_filter: dict[str, Any] = {"runIds": ids}
+        if statuses is not None:
+            run_filter["statuses"] = list(statuses)
+        variables = {"filter": run_filter, "cursor": None, "limit": None}
         data = self.execute(RUNS_QUERY, variables, what="runs")
         result = data["runsOrError"]
         _check_typename(result, "Runs", "runs")

@@ -33,7 +33,8 @@ from api.dagster_client import (
     RunSubmission,
 )
 from api.store import JobRecord, Store, backoff_delay
-from orchestration.launcher import WORKER_TAG, WorkerError, call_worker, read_workers
+from orchestration.launcher import WORKER_TAG, WorkerError, call_worker
+from orchestration.registry import WorkerRegistry
 from shotloom import stages
 from shotloom.api_config import ApiConfig
 
@@ -57,6 +58,8 @@ SUBMIT_REFUSALS = 3  # Dagster refusing a job's run this many times (while reach
 SUBMIT_BATCH = 25  # runs per GraphQL document: a burst reaches the queue in few round trips
 
 _RUNNING = {"STARTING", "STARTED", "CANCELING"}
+_WAITING = {"QUEUED", "NOT_STARTED"}
+_MOVING = ("STARTING", "STARTED", "CANCELING", "SUCCESS", "FAILURE", "CANCELED")  # not waiting
 _FAILED = {"FAILURE", "CANCELED"}
 
 
@@ -86,13 +89,13 @@ class Follower:
         store: Store,
         gateway: DagsterGateway,
         api: ApiConfig,
-        state_dir,
+        registry: WorkerRegistry,
         poll_seconds: float = 0.5,
     ):
         self.store = store
         self.gateway = gateway
         self.api = api
-        self.state_dir = state_dir
+        self.registry = registry  # the workers, as they registered in Dagster's storage
         self.poll_seconds = poll_seconds
         self.wake = threading.Event()
         self.stopping = threading.Event()
@@ -286,7 +289,8 @@ class Follower:
         jobs = self.store.unfinished()
         if not jobs:
             return
-        runs = self.gateway.runs([j.run_id for j in jobs if j.run_id])
+        # Queued runs have nothing new to say; leaving them out keeps a tick cheap with a long queue.
+        runs = self.gateway.runs([j.run_id for j in jobs if j.run_id], statuses=_MOVING)
         for job in jobs:
             info = runs.get(job.run_id or "")
             if info is not None:
@@ -335,7 +339,9 @@ class Follower:
         return state
 
     def _live(self, run: RunInfo) -> dict[str, Any]:
-        state = self._run_state(run)
+        # A queued run reports no stages or progress: reading its events would cost one GraphQL
+        # query per queued job per tick (with a long queue, seconds before a finished run is seen).
+        state = self._states.get(run.run_id, RunState()) if run.status in _WAITING else self._run_state(run)
         times = {s: state.stage_times[s] for s in stages.ORDER if s in state.stage_times}
         live: dict[str, Any] = {"run_status": run.status, "stage_times": times}
         if state.progress is not None:
@@ -445,11 +451,15 @@ class Follower:
     # -- workers --------------------------------------------------------------------------------
     def refresh_workers(self) -> None:
         snaps = {}
-        for rec in read_workers(self.state_dir):
+        for rec in self.registry.records():
+            known = {"name": rec.name, "pool": rec.pool, "device": rec.device, "host": rec.host}
+            if rec.heartbeat <= 0:  # withdrawn: it stopped cleanly
+                snaps[rec.name] = {**known, "state": "stopped"}
+                continue
             try:
-                snaps[rec.name] = call_worker(rec.url, "/status", timeout=2.0)
+                snaps[rec.name] = {**known, **call_worker(rec.url, "/status", timeout=2.0)}
             except WorkerError:
-                snaps[rec.name] = {"name": rec.name, "state": "unreachable", "device": rec.device}
+                snaps[rec.name] = {**known, "state": "unreachable"}
         self.workers = snaps
 
     def capabilities(self) -> dict[str, Any] | None:

@@ -74,14 +74,22 @@ def health(ctx: ApiContext) -> dict[str, Any]:
     except Exception:
         webserver, daemon = False, None
     snaps = ctx.follower.workers
+
+    def expected(pool: str, configured: list[str]) -> list[str]:
+        """This host's configured workers and every worker of the pool registered on any host
+        (one that stopped cleanly withdrew; one that vanished is missing until it is back)."""
+        registered = (n for n, s in snaps.items() if s.get("pool") == pool and s.get("state") != "stopped")
+        return list(dict.fromkeys([*configured, *registered]))
+
     workers = []
-    for name in ctx.worker_names:
+    for name in expected("device", ctx.worker_names):
         s = snaps.get(name, {"state": "unregistered"})
         run_id = s.get("run_id")
         job = ctx.store.by_run_id(run_id) if run_id else None
         workers.append(
             {
                 "name": name,
+                "host": s.get("host"),
                 "device": s.get("device"),
                 "state": s.get("state"),
                 "ready": s.get("state") in ("idle", "busy"),
@@ -98,13 +106,13 @@ def health(ctx: ApiContext) -> dict[str, Any]:
     media = [
         {"name": name, "state": (s := snaps.get(name, {"state": "unregistered"})).get("state"),
          "ready": s.get("state") in ("idle", "busy"), "run_id": s.get("run_id")}
-        for name in ctx.media_worker_names
+        for name in expected("media", ctx.media_worker_names)
     ]  # fmt: skip
     ready = {
         "api": ctx.follower.started,
         "webserver": bool(webserver),
         "daemon": bool(daemon),
-        "workers": bool(workers) and all(w["ready"] for w in workers),
+        "workers": bool(workers) and all(w["ready"] for w in workers),  # one device at least
         "media_workers": all(w["ready"] for w in media),
     }
     queues = {kind: ctx.store.counts_by_status(kind) for kind in ("r2v", "merge")}
@@ -112,7 +120,7 @@ def health(ctx: ApiContext) -> dict[str, Any]:
     body = HealthResponse(
         status="ok" if all(ready.values()) else "starting",
         inference={
-            "enabled": bool(ctx.worker_names),
+            "enabled": bool(workers),
             "workers": workers,
             "config": ctx.inference_config,
             "residency": ctx.residency_policy,

@@ -459,6 +459,16 @@ def _note_changes(session: Session, _flush_context: Any) -> None:
             touched.add(obj.version_id)
 
 
+def _search_path_schema(url: str) -> str | None:
+    """The first schema a PostgreSQL URL puts on its search_path (``options=-c search_path=x``)."""
+    import re
+
+    options = make_url(url).query.get("options")
+    options = options if isinstance(options, str) else ""
+    found = re.search(r"search_path\s*=\s*([A-Za-z_][A-Za-z0-9_]*)", options)
+    return found.group(1) if found else None
+
+
 class Store:
     """The service store. Thread-safe: every method opens its own session and transaction."""
 
@@ -489,6 +499,10 @@ class Store:
         from api import migrations
 
         if self.engine.dialect.name == "postgresql":
+            schema = _search_path_schema(self.url)
+            if schema:  # a schema of its own beside another application's tables (Dagster's)
+                with self.engine.begin() as conn:
+                    conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
             with self.engine.connect() as conn:
                 if migrations.is_current(conn):
                     return

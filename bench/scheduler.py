@@ -28,8 +28,12 @@ Figures (targets from the issue):
   (system-wide busy time minus this bench's process tree). The figures above compare
   wall-clock times, so on a shared machine they are only meaningful when this is ~0.
 
+* with ``--hosts 2``: instead, throughput with one and with two worker hosts (one one-thread CPU
+  worker each) behind one control host, all sharing a throwaway PostgreSQL cluster (started here,
+  as tests/test_hosts.py does) and the media directory; ratio = 2 hosts / 1 host.
+
     python bench/scheduler.py [--jobs 8] [--job-seconds 10] [--long-seconds 20] [--long-samples 5]
-                              [--samples 7] [--quick] [--keep]
+                              [--samples 7] [--quick] [--keep] [--hosts 2]
 """
 
 from __future__ import annotations
@@ -451,6 +455,140 @@ class Stack:
             time.sleep(0.2)
 
 
+class HostsStack(Stack):
+    """A control host (webserver, daemon, API) and ``workers`` worker hosts of one one-thread CPU
+    worker each, bound to 127.0.0.2, 127.0.0.3, ..., sharing PostgreSQL storage and media."""
+
+    TOKEN_ENV, URL_ENV = "SHOTLOOM_WORKER_TOKEN", "SHOTLOOM_POSTGRES_URL"
+
+    def __init__(self, root: Path, workers: int, database_url: str):
+        super().__init__(root, workers)
+        os.environ[self.URL_ENV] = database_url  # this process reads the storage too
+        os.environ.setdefault(self.TOKEN_ENV, "bench-token-" + os.urandom(8).hex())
+        self.hosts: list[subprocess.Popen] = []
+
+    def _write(self, name: str, role: str, extra: dict) -> Path:
+        inference = inference_yaml(self.root / "inference.yaml", self.root / "cache")
+        config = self.root / f"{name}.yaml"
+        state = self.state if name == "control" else self.root / name / "state"
+        state.mkdir(parents=True, exist_ok=True)
+        config.write_text(yaml.safe_dump({
+            "state_dir": str(state),
+            "inference": {"config": str(inference)},
+            "storage": {"postgres_url_env": self.URL_ENV},
+            "media_root": str(self.root / "media"),
+            **extra,
+        }))  # fmt: skip
+        return config
+
+    def _spawn(self, config: Path, role: str, log: str) -> subprocess.Popen:
+        with open(self.root / log, "ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "server.py", "--config", str(config), "--role", role],
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def start(self, timeout: float = 300) -> None:
+        from dagster import DagsterInstance
+        from dagster_graphql import DagsterGraphQLClient
+
+        started = time.monotonic()
+        control = self._write(
+            "control",
+            "control",
+            {"webserver": {"host": "127.0.0.1", "port": self.port}, "workers": {"media": 0}},
+        )
+        self.proc = self._spawn(control, "control", "server.out")
+        for n in range(self.workers):
+            workers = {
+                "name_prefix": f"h{n}-",
+                "bind": f"127.0.0.{n + 2}",
+                "media": 0,
+                "devices": [{"device": "cpu", "threads": 1}],
+            }
+            self.hosts.append(
+                self._spawn(
+                    self._write(f"host{n}", "workers", {"workers": workers}), "workers", f"host{n}.out"
+                )
+            )
+        while True:
+            for proc in [self.proc, *self.hosts]:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server.py exited with {proc.returncode}:\n{self.log()}")
+            if self.all_idle() and self.location_loaded():
+                break
+            if time.monotonic() - started > timeout:
+                raise RuntimeError(f"hosts not ready after {timeout:.0f}s:\n{self.log()}")
+            time.sleep(0.5)
+        self.startup_s = time.monotonic() - started
+        self.client = DagsterGraphQLClient("127.0.0.1", port_number=self.port)
+        self.instance = DagsterInstance.from_config(str(self.state / "dagster_home"))
+
+    def stop(self) -> None:
+        for proc in self.hosts:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.hosts:
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        super().stop()
+
+
+def run_hosts(root: Path, args: argparse.Namespace) -> dict:
+    """Throughput with one, then two worker hosts (one CPU worker each) behind one control host."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from orchestration.storage import dagster_postgres_url
+
+    import pg  # the throwaway PostgreSQL cluster of the tests
+
+    inference = inference_yaml(root / "baseline" / "inference.yaml", root / "baseline" / "cache")
+    print("calibrating the job size (1 thread) ...", flush=True)
+    calib = calibrate(root, inference, args)
+    short = calib["sizes"]["short"]
+    job_s = {c["kind"]: c["seconds"] for c in calib["calibration"]}["short"]  # the last try of each kind
+    names = [f"tp-{i}" for i in range(args.jobs)]
+    server = pg.start()
+    tp, foreign, meter = {}, {}, ForeignLoad()
+    try:
+        for hosts in (1, 2):
+            url = dagster_postgres_url(server.fresh_database(f"bench_hosts_{hosts}"))
+            stack = HostsStack(root / f"{hosts}h", hosts, url)
+            print(f"starting a control host and {hosts} worker host(s) on PostgreSQL ...", flush=True)
+            try:
+                stack.start()
+                print(f"  ready in {stack.startup_s:.1f} s; submitting {len(names)} jobs at once", flush=True)
+                meter.start()
+                tp[hosts] = measure_throughput(stack, names, short, job_s)
+                foreign[f"{hosts}h"] = meter.stop()
+                print(
+                    f"  makespan {tp[hosts]['makespan_s']:.1f} s, runs per worker {tp[hosts]['per_worker']}"
+                )
+            finally:
+                stack.stop()
+    finally:
+        server.stop()
+    ratio = tp[2]["jobs_per_min"] / tp[1]["jobs_per_min"]
+    print()
+    print(f"{'worker hosts':<20} {'1':>10} {'2':>10}")
+    print(f"{'jobs/min':<20} {tp[1]['jobs_per_min']:>10.2f} {tp[2]['jobs_per_min']:>10.2f}")
+    print(f"{'makespan s':<20} {tp[1]['makespan_s']:>10.1f} {tp[2]['makespan_s']:>10.1f}")
+    print(f"2 hosts / 1 host: {ratio:.2f} (two hosts share this machine's 2 cores: ~1.6 is its ceiling)")
+    return {
+        "hosts": 2,
+        "jobs": args.jobs,
+        "job_s": round(job_s, 2),
+        "throughput_1h": round(tp[1]["jobs_per_min"], 3),
+        "throughput_2h": round(tp[2]["jobs_per_min"], 3),
+        "ratio_hosts": round(ratio, 2),
+        "foreign_cores_max": round(max(foreign.values()), 2),
+    }
+
+
 # -- measurements --------------------------------------------------------------------
 def measure_throughput(stack: Stack, names: list[str], size: list[int], job_s: float) -> dict:
     from orchestration.launcher import WORKER_TAG
@@ -513,6 +651,7 @@ def main() -> None:
     p.add_argument("--cpu-nice", type=int, help="workers.cpu_nice (default: the server's, 10)")
     p.add_argument("--quick", action="store_true", help="small jobs, few of them: a smoke run")
     p.add_argument("--keep", action="store_true", help="keep the temporary state dirs")
+    p.add_argument("--hosts", type=int, choices=(1, 2), default=1, help="2: one vs two worker hosts")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -524,7 +663,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="shotloom-bench-scheduler-"))
     print(f"state under {root}", flush=True)
     try:
-        figures = run(root, args)
+        figures = run_hosts(root, args) if args.hosts == 2 else run(root, args)
     finally:
         if args.keep:
             print(f"kept {root}")

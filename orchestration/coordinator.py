@@ -7,8 +7,10 @@ was the largest piece of the per-run orchestration overhead (bench/scheduler.py)
 daemon's interval loop sleeps in 0.5 s slices, so intervals below 0.5 s behave as 0.5 s.
 
 The daemon asks for the queue's config at every dequeue: that is where queue control applies.
-Paused, device runs get a limit of 0 (they stay queued; merges still go); a priority change sets
-``dagster/priority`` on the queued run. Each is recorded as an event on the runs it affects.
+The limits of the two pools are the workers alive in the shared registry right now (on every host:
+one run per free device, whatever host it is on); paused, device runs get a limit of 0 (they stay
+queued; merges still go); a priority change sets ``dagster/priority`` on the queued run. Each is
+recorded as an event on the runs it affects.
 """
 
 from __future__ import annotations
@@ -21,16 +23,22 @@ from dagster._config.config_schema import UserConfigSchema
 from dagster._core.run_coordinator.queued_run_coordinator import QueuedRunCoordinator, RunQueueConfig
 from dagster._core.storage.tags import PRIORITY_TAG
 
-from orchestration.launcher import GPU_TAG
+from orchestration.launcher import GPU_TAG, POOL_TAGS
 from orchestration.queue_control import QueueControl
+from orchestration.registry import WorkerRegistry
 
 
 class DeviceRunCoordinator(QueuedRunCoordinator):
     def __init__(
-        self, dequeue_interval_seconds: float | None = None, state_dir: str | None = None, **kwargs: Any
+        self,
+        dequeue_interval_seconds: float | None = None,
+        state_dir: str | None = None,
+        heartbeat_timeout_seconds: float | None = None,
+        **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self._control = QueueControl(state_dir) if state_dir else None
+        self._heartbeat_timeout = heartbeat_timeout_seconds  # None: the YAML's limits as they are
         self._was_paused: bool | None = None
         self._told_paused: set[str] = set()  # queued runs told about the current pause
         if dequeue_interval_seconds is not None:
@@ -44,6 +52,8 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
 
     def get_run_queue_config(self) -> RunQueueConfig:
         config = super().get_run_queue_config()
+        if self.has_instance and self._heartbeat_timeout is not None:
+            config = config._replace(tag_concurrency_limits=self._live_limits(config.tag_concurrency_limits))
         if self._control is None or not self.has_instance:
             return config
         self._apply_priorities()
@@ -56,6 +66,17 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
         self._record_pause(paused)  # runs queued since the pause began are told too
         limits = [dict(limit) for limit in config.tag_concurrency_limits if limit.get("key") != GPU_TAG]
         return config._replace(tag_concurrency_limits=[*limits, {"key": GPU_TAG, "limit": 0}])
+
+    def _live_limits(self, limits) -> list[dict[str, Any]]:
+        """One slot per worker alive in the registry, per pool (a pool's tag not in the YAML's
+        limits is left alone: no such pool here)."""
+        records = WorkerRegistry(self._instance.run_storage).records()
+        alive = [r for r in records if r.alive(self._heartbeat_timeout)]
+        counts = {tag: sum(r.pool == pool for r in alive) for pool, tag in POOL_TAGS.items()}
+        return [
+            {**limit, "limit": counts[limit["key"]]} if limit.get("key") in counts else dict(limit)
+            for limit in limits
+        ]
 
     def _queued_device_runs(self):
         runs = self._instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.QUEUED]))
@@ -93,6 +114,7 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
         coordinator = super().from_config_value(inst_data, config_value)
         if config_value.get("state_dir"):
             coordinator._control = QueueControl(config_value["state_dir"])
+        coordinator._heartbeat_timeout = config_value.get("heartbeat_timeout_seconds")
         return coordinator
 
     @classmethod
@@ -109,5 +131,10 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
                 StringSource,
                 is_required=False,
                 description="The server's state dir: queue control requests live under <state_dir>/queue.",
+            ),
+            "heartbeat_timeout_seconds": Field(
+                Float,
+                is_required=False,
+                description="Pool limits follow the workers alive in the registry (silent this long: dead).",
             ),
         }

@@ -3,8 +3,8 @@
 Modelled on dagster-docker's ``DockerRunLauncher``, but instead of starting a
 container per run it binds the run to an idle worker process
 (``orchestration.worker``) that keeps its model loaded across runs. Workers
-register themselves as JSON files under ``<state_dir>/workers``; the launcher
-talks to them over their local HTTP endpoint. Two pools: device workers (runs
+register themselves in the shared storage (``orchestration.registry``); the launcher
+talks to them over their HTTP endpoint. Two pools: device workers (runs
 with the gpu tag: generation) and media workers (the media tag: merges, light
 and quick, so they never wait behind a generation nor take a device). Runs with
 neither take the stock ``DefaultRunLauncher`` path (a run worker via the code server).
@@ -21,11 +21,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Self
 
-from dagster import Field, IntSource, StringSource
+from dagster import Field, Float, IntSource, StringSource
 from dagster import _check as check
 from dagster._core.launcher import (
     CheckRunHealthResult,
@@ -38,6 +37,7 @@ from dagster._core.launcher import (
 from dagster._core.storage.dagster_run import DagsterRun
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
+from orchestration.registry import WorkerRecord, WorkerRegistry
 from resources import run_state
 from shotloom import stages
 from shotloom.stages import HIDDEN
@@ -46,6 +46,7 @@ from shotloom.stages import HIDDEN
 GPU_TAG = HIDDEN + "gpu"  # runs carrying it go to a device worker (and count against the gpu limit)
 MEDIA_TAG = HIDDEN + "media"  # runs carrying it go to a media worker (and count against the media limit)
 POOL_TAGS = {"device": GPU_TAG, "media": MEDIA_TAG}
+WORKER_TOKEN_ENV = "SHOTLOOM_WORKER_TOKEN"  # the shared secret a worker demands of its callers
 WORKER_TAG = "shotloom/worker"  # visible: the device worker an operator filters by
 BOOT_TAG = HIDDEN + "worker_boot_id"
 PID_TAG = HIDDEN + "worker_pid"
@@ -53,42 +54,16 @@ LAUNCHED_AT_TAG = HIDDEN + "launched_at"  # launch order, in the daemon's (seria
 LOADS_TAG = HIDDEN + "runtime_loads"  # weight loads of the worker process after the run
 
 
-@dataclass(frozen=True)
-class WorkerRecord:
-    """What a worker publishes about itself in ``<state_dir>/workers/<name>.json``."""
-
-    name: str
-    url: str
-    pid: int
-    boot_id: str
-    device: str
-    pool: str = "device"  # device | media
-
-    @classmethod
-    def read(cls, path: Path) -> WorkerRecord | None:
-        try:
-            data = json.loads(path.read_text())
-            record = cls(**{k: data[k] for k in ("name", "url", "pid", "boot_id", "device")})
-            return replace(record, pool=data.get("pool", "device"))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # being written or removed
-
-    def write(self, workers_dir: Path) -> Path:
-        workers_dir.mkdir(parents=True, exist_ok=True)
-        path = workers_dir / f"{self.name}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.__dict__))
-        tmp.replace(path)  # atomic: readers never see half a record
-        return path
-
-
-def workers_dir(state_dir: str | Path) -> Path:
-    return Path(state_dir) / "workers"
-
-
 def read_workers(state_dir: str | Path, pool: str | None = None) -> list[WorkerRecord]:
-    records = [WorkerRecord.read(p) for p in sorted(workers_dir(state_dir).glob("*.json"))]
-    return [r for r in records if r is not None and pool in (None, r.pool)]
+    """The registered workers of the instance under ``state_dir`` (for processes that hold no
+    instance: server.py's readiness report, tests, benches)."""
+    from dagster import DagsterInstance
+
+    home = Path(state_dir) / "dagster_home"
+    if not (home / "dagster.yaml").is_file():
+        return []  # the server has not written its instance yet
+    with DagsterInstance.from_config(str(home)) as instance:
+        return WorkerRegistry(instance.run_storage).records(pool)
 
 
 def run_pool(run: DagsterRun) -> str | None:
@@ -100,10 +75,17 @@ class WorkerError(Exception):
     """The worker could not be reached (transient) or answered with an error."""
 
 
+def worker_auth_headers() -> dict[str, str]:
+    """What a caller of a worker sends: the shared token of the control plane, when one is set."""
+    token = os.environ.get(WORKER_TOKEN_ENV)
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def call_worker(url: str, path: str, payload: Mapping[str, Any] | None = None, timeout: float = 5.0) -> dict:
     """GET (no payload) or POST JSON to a worker; returns the JSON answer, 409 included."""
     data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **worker_auth_headers()}
+    req = urllib.request.Request(url + path, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read() or b"{}")
@@ -115,16 +97,6 @@ def call_worker(url: str, path: str, payload: Mapping[str, Any] | None = None, t
         raise WorkerError(f"{url}{path}: {exc}") from exc
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class DeviceRunLauncher(RunLauncher, ConfigurableClass):
     """Binds each gpu-tagged run to an idle device worker; the rest go to DefaultRunLauncher."""
 
@@ -133,12 +105,14 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         state_dir: str,
         launch_timeout_seconds: int = 300,
         request_timeout_seconds: int = 5,
+        heartbeat_timeout_seconds: float = 15,
         inst_data: ConfigurableClassData | None = None,
     ):
         self._inst_data = inst_data
         self.state_dir = Path(state_dir)
         self.launch_timeout = launch_timeout_seconds
         self.request_timeout = request_timeout_seconds
+        self.heartbeat_timeout = heartbeat_timeout_seconds
         self._default: DefaultRunLauncher | None = None
         super().__init__()
 
@@ -160,6 +134,12 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
                 description="How long launch_run waits for an idle worker (workers may still be warming).",
             ),
             "request_timeout_seconds": Field(IntSource, is_required=False, default_value=5),
+            "heartbeat_timeout_seconds": Field(
+                Float,
+                is_required=False,
+                default_value=15.0,
+                description="A worker whose heartbeat is older than this is dead (its runs move on).",
+            ),
         }
 
     @classmethod
@@ -173,8 +153,12 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             self._default.register_instance(self._instance)
         return self._default
 
+    @property
+    def registry(self) -> WorkerRegistry:
+        return WorkerRegistry(self._instance.run_storage)
+
     def _record(self, name: str) -> WorkerRecord | None:
-        return WorkerRecord.read(workers_dir(self.state_dir) / f"{name}.json")
+        return self.registry.get(name)
 
     def _dispatch(self, run: DagsterRun, resume: bool, pool: str) -> WorkerRecord:
         """Offer the run to each idle registered worker until one accepts, waiting if all are busy.
@@ -185,7 +169,9 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         """
         deadline = time.monotonic() + self.launch_timeout
         while True:
-            for record in read_workers(self.state_dir, pool):
+            for record in self.registry.records(pool):
+                if not record.alive(self.heartbeat_timeout):
+                    continue
                 try:
                     status = call_worker(record.url, "/status", timeout=self.request_timeout)
                     if status.get("state") != "idle" or status.get("boot_id") != record.boot_id:
@@ -204,8 +190,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             # A worker that just finished may still be tidying up; the queue limit keeps this short.
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"no idle {pool} worker under {workers_dir(self.state_dir)} "
-                    f"within {self.launch_timeout}s for run {run.run_id}"
+                    f"no idle {pool} worker registered within {self.launch_timeout}s for run {run.run_id}"
                 )
             time.sleep(0.2)
 
@@ -290,8 +275,9 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             return CheckRunHealthResult(WorkerStatus.FAILED, f"worker {name} is gone", run_worker_id=name)
         if record.boot_id != boot_id:
             return CheckRunHealthResult(WorkerStatus.FAILED, f"worker {name} restarted", run_worker_id=name)
-        if not pid_alive(record.pid):
-            return CheckRunHealthResult(WorkerStatus.FAILED, f"worker {name} died", run_worker_id=name)
+        if not record.alive(self.heartbeat_timeout):
+            why = "stopped" if record.heartbeat <= 0 else "died" if record.local else "stopped beating"
+            return CheckRunHealthResult(WorkerStatus.FAILED, f"worker {name} {why}", run_worker_id=name)
         try:
             status = call_worker(record.url, "/status", timeout=self.request_timeout)
         except WorkerError as exc:

@@ -18,6 +18,8 @@ from orchestration.storage import sqlite_storage_config
 from shotloom.api_config import ApiConfig
 from shotloom.config import REPO_ROOT, Adapter
 
+SERVICE_SCHEMA = "shotloom"  # the service store's PostgreSQL schema (Dagster's tables stay in public)
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -56,11 +58,26 @@ class DeviceConfig(_Strict):
 
 class WorkersConfig(_Strict):
     warm: bool = Field(default=True, description="Load the model before taking the first run.")
-    devices: list[DeviceConfig] = Field(min_length=1)
+    devices: list[DeviceConfig] = Field(
+        default_factory=list, description="This host's device workers (a control-only host lists none)."
+    )
     media: int = Field(
         default=1,
-        ge=1,
+        ge=0,
         description="Media workers (CPU, no model): merges run there, never behind a generation.",
+    )
+    name_prefix: str = Field(
+        default="",
+        pattern=r"^[A-Za-z0-9_.-]*$",
+        description="Prepended to this host's worker names (gpu1-cuda-0): names are unique across hosts.",
+    )
+    bind: str = Field(
+        default="127.0.0.1",
+        description="Address the workers' endpoints listen on. Anything but loopback needs the control "
+        "plane's token in SHOTLOOM_WORKER_TOKEN (the workers refuse to start without it).",
+    )
+    advertise: str | None = Field(
+        default=None, description="Host the control plane reaches the workers by (default: bind)."
     )
     cpu_nice: int = Field(
         default=10,
@@ -74,6 +91,17 @@ class WorkersConfig(_Strict):
         if device.nice is not None:
             return device.nice
         return self.cpu_nice if device.is_cpu else 0
+
+
+class StorageConfig(_Strict):
+    """Where Dagster's runs, events and schedules and the service store live."""
+
+    postgres_url_env: str | None = Field(
+        default=None,
+        description="Name of an env var holding a PostgreSQL URL (postgresql://user:pw@host:port/db): "
+        "Dagster's storage and the service store (schema 'shotloom') on it, shared by every host. "
+        "The URL is read from the environment, never written to a file. Unset: SQLite under state_dir.",
+    )
 
 
 class MonitoringConfig(_Strict):
@@ -106,6 +134,14 @@ class RuntimeConfig(_Strict):
         default=15.0,
         gt=0,
         description="A STARTING run not handed to a worker after this is taken by an idle worker.",
+    )
+    heartbeat_seconds: float = Field(
+        default=2.0, gt=0, description="How often a worker refreshes its record in the shared registry."
+    )
+    heartbeat_timeout_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        description="A worker silent this long is dead: its runs are resumed or retried elsewhere.",
     )
 
 
@@ -142,6 +178,7 @@ class ServerConfig(_Strict):
     webserver: WebserverConfig = WebserverConfig()
     inference: InferenceRef
     workers: WorkersConfig
+    storage: StorageConfig = StorageConfig()
     monitoring: MonitoringConfig = MonitoringConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     supervision: SupervisionConfig = SupervisionConfig()
@@ -217,31 +254,59 @@ class ServerConfig(_Strict):
     def dagster_home(self) -> Path:
         return self.state_dir / "dagster_home"
 
-    def worker_names(self) -> list[str]:
-        """Stable names (the registry key across restarts): cpu-0, cpu-1, ..., cuda-<id>."""
-        names, cpus = [], 0
+    def worker_slots(self) -> list[tuple[str, str]]:
+        """(name, device) per device worker. Names are stable (the registry key across restarts):
+        <name_prefix>cpu-0, cpu-1, ..., cuda-<id>; the prefix keeps them unique across hosts."""
+        slots, cpus = [], 0
+        prefix = self.workers.name_prefix
         for d in self.workers.devices:
             if d.is_cpu:
-                names.append(f"cpu-{cpus}")
+                slots.append((f"{prefix}cpu-{cpus}", f"cpu:{cpus}"))
                 cpus += 1
             else:
                 kind, _, index = d.device.partition(":")
-                names.append(f"cuda-{index if kind == 'cuda' else kind}")
-        return names
+                index = index if kind == "cuda" else kind
+                slots.append((f"{prefix}cuda-{index}", f"cuda:{index}"))
+        return slots
+
+    def worker_names(self) -> list[str]:
+        return [name for name, _ in self.worker_slots()]
+
+    def _storage_yaml(self) -> dict[str, Any]:
+        env = self.storage.postgres_url_env
+        if env:  # an env reference: the URL (and its password) never lands in dagster.yaml
+            return {"storage": {"postgres": {"postgres_url": {"env": env}}}}
+        return sqlite_storage_config(self.dagster_home / "storage")
+
+    def service_store_url(self) -> str:
+        """The service store's SQLAlchemy URL: api.database_url, else the shared PostgreSQL (schema
+        'shotloom', beside Dagster's tables), else SQLite under the state dir."""
+        env = self.storage.postgres_url_env
+        if self.api.database_url or not env:
+            return self.api.resolved_database_url(self.state_dir)
+        if not os.environ.get(env):
+            raise ValueError(f"storage.postgres_url_env: the environment variable {env} is not set")
+        from sqlalchemy.engine import make_url
+
+        url = make_url(os.environ[env]).set(drivername="postgresql+psycopg")
+        url = url.update_query_dict({"options": f"-c search_path={SERVICE_SCHEMA}"})
+        return url.render_as_string(hide_password=False)
 
     def media_worker_names(self) -> list[str]:
-        return [f"media-{n}" for n in range(self.workers.media)]
+        return [f"{self.workers.name_prefix}media-{n}" for n in range(self.workers.media)]
 
     def dagster_yaml(self) -> dict[str, Any]:
         m = self.monitoring
         return {
-            **sqlite_storage_config(self.dagster_home / "storage"),
+            **self._storage_yaml(),
             "run_coordinator": {
                 "module": "orchestration.coordinator",
                 "class": "DeviceRunCoordinator",
                 "config": {
                     "dequeue_interval_seconds": self.dequeue_interval_seconds,
                     "state_dir": str(self.state_dir),  # queue control (pause, priorities) lives there
+                    # The pools' limits follow the workers alive in the registry, on every host.
+                    "heartbeat_timeout_seconds": self.runtime.heartbeat_timeout_seconds,
                     # One limit per pool, on the key (not per value): any free worker of the pool
                     # takes its oldest run.
                     "tag_concurrency_limits": [
@@ -253,7 +318,10 @@ class ServerConfig(_Strict):
             "run_launcher": {
                 "module": "orchestration.launcher",
                 "class": "DeviceRunLauncher",
-                "config": {"state_dir": str(self.state_dir)},
+                "config": {
+                    "state_dir": str(self.state_dir),
+                    "heartbeat_timeout_seconds": self.runtime.heartbeat_timeout_seconds,
+                },
             },
             "run_monitoring": {
                 "enabled": True,
@@ -272,8 +340,8 @@ class ServerConfig(_Strict):
             "nux": {"enabled": False},
         }
 
-    def write_dagster_yaml(self) -> Path:
+    def write_dagster_yaml(self, name: str = "dagster.yaml") -> Path:
         self.dagster_home.mkdir(parents=True, exist_ok=True)
-        path = self.dagster_home / "dagster.yaml"
+        path = self.dagster_home / name
         path.write_text(yaml.safe_dump(self.dagster_yaml(), sort_keys=False))
         return path

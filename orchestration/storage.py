@@ -14,6 +14,9 @@ moves the per-run directory aside, so nothing an operator could see before is lo
 from __future__ import annotations
 
 import logging
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +64,32 @@ def consolidate_events(storage_dir: Path) -> int:
     per_run.rename(per_run.with_name(_IMPORTED_DIR))
     log.info("moved the events of %d runs into the consolidated event log", done)
     return done
+
+
+@contextmanager
+def postgres_lock(url: str, name: str) -> Iterator[None]:
+    """A session-level advisory lock on the PostgreSQL at ``url``, held for the block: hosts that
+    start at once create Dagster's schema one after the other."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    key = zlib.crc32(f"shotloom/{name}".encode())
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+        try:
+            yield
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+def dagster_postgres_url(url: str) -> str:
+    """The URL as Dagster's PostgreSQL storage needs it: SQLAlchemy 2.1 reads a bare
+    ``postgresql://`` as psycopg 3, whose server-side parameters Dagster's ``NOTIFY`` cannot take;
+    Dagster is written for psycopg2. Other drivers named explicitly are left as they are."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg"):
+        parsed = parsed.set(drivername="postgresql+psycopg2")
+    return parsed.render_as_string(hide_password=False)

@@ -8,8 +8,9 @@ light media jobs (merges) on the CPU with no model: warm, so a merge takes milli
 work plus the hand-over, never waiting behind a generation nor holding a device.
 
 The worker pins its device (``CUDA_VISIBLE_DEVICES``, thread counts) before torch
-is imported, optionally warms the model, registers itself under
-``<state_dir>/workers/<name>.json`` and serves a small HTTP endpoint:
+is imported, optionally warms the model, registers itself in the shared registry
+(``orchestration.registry``, with a heartbeat) and serves a small HTTP endpoint (only to the
+control plane's token when ``SHOTLOOM_WORKER_TOKEN`` is set):
 
     GET  /status                 device, boot id, current run, weights, resource snapshot, admission plan
     POST /runs {run_id, resume}  accept a run if idle (202) or refuse (409)
@@ -411,9 +412,16 @@ class Worker:
         if run.has_repository_load_data:
             recon_job = recon_job.with_repository_load_data(snapshot.repository_load_data)
         records = self.instance.get_records_for_run(run.run_id, of_type=DagsterEventType.STEP_SUCCESS).records
-        finished = {r.event_log_entry.step_key for r in records}
+        succeeded = {r.event_log_entry.step_key for r in records}
         planned = run.step_keys_to_execute or [step.key for step in snapshot.steps]
-        remaining = [key for key in planned if key not in finished]
+        # Kept: the leading steps (plan order) that finished and whose outputs this host can read
+        # (a run resumed on another host without shared step storage starts over).
+        finished: list[str] = []
+        for key in planned:
+            if key not in succeeded or not _outputs_here(run.run_id, key):
+                break
+            finished.append(key)
+        remaining = planned[len(finished) :]
         if finished and remaining:
             self.instance.report_engine_event(
                 f"Resuming from the last finished step: {', '.join(sorted(finished))} kept; "
@@ -485,9 +493,22 @@ class Worker:
                     if self.state in ("idle", "starting", "warming"):
                         self.state = "stopping"
 
-    def serve(self, host: str, port: int) -> None:
-        from orchestration.launcher import WorkerRecord, workers_dir
+    def _heartbeat(self, registry, record) -> None:
+        """Refresh the record in the shared registry: the launcher judges liveness by it."""
+        while True:
+            time.sleep(self.runtime_cfg.heartbeat_seconds)
+            caps = next((r["capabilities"] for r in runtimes_snapshot() if r["capabilities"]), None)
+            try:
+                registry.publish(dataclasses.replace(record, capabilities=caps))
+            except Exception:  # storage busy: the next beat tries again (the timeout allows several)
+                log.exception("%s: heartbeat failed", self.name)
 
+    def serve(self, host: str, port: int, advertise: str | None = None) -> None:
+        from orchestration.launcher import WORKER_TOKEN_ENV
+        from orchestration.registry import WorkerRecord, WorkerRegistry
+
+        if not os.environ.get(WORKER_TOKEN_ENV) and not _loopback(host):
+            raise SystemExit(f"{self.name}: binding {host} needs the token in {WORKER_TOKEN_ENV}")
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
         reader, writer = socket.socketpair()
@@ -496,10 +517,12 @@ class Worker:
         threading.Thread(target=self._watch_signals, args=(reader,), name="signals", daemon=True).start()
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._server.daemon_threads = True
-        self.url = f"http://{host}:{self._server.server_address[1]}"
+        self.url = f"http://{advertise or host}:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True).start()
+        registry = WorkerRegistry(self.instance.run_storage)
         record = WorkerRecord(self.name, self.url, os.getpid(), self.boot_id, self.device, self.pool)
-        path = record.write(workers_dir(self.state_dir))
+        registry.publish(record)
+        threading.Thread(target=self._heartbeat, args=(registry, record), daemon=True).start()
         log.info("%s (%s, pid %d) at %s boot %s", self.name, self.device, os.getpid(), self.url, self.boot_id)
         try:
             if self.warm and not self.stopping:
@@ -528,15 +551,49 @@ class Worker:
                     continue
                 self._execute(run_id, resume)
         finally:
-            current = WorkerRecord.read(path)
-            if current is not None and current.boot_id == self.boot_id:
-                path.unlink(missing_ok=True)
+            try:
+                registry.withdraw(self.name, self.boot_id)
+            except Exception:
+                log.exception("%s: could not withdraw from the registry", self.name)
             self._server.shutdown()
             log.info("%s stopped", self.name)
 
 
+def _outputs_here(run_id: str, step_key: str) -> bool:
+    """The step's outputs are in this host's step storage (the IO manager's files)."""
+    from resources.tensor_io import default_storage_dir
+
+    folder = Path(default_storage_dir()) / run_id / step_key
+    return folder.is_dir() and any(folder.iterdir())
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def _handler(worker: Worker) -> type[BaseHTTPRequestHandler]:
+    import hmac
+
+    from orchestration.launcher import WORKER_TOKEN_ENV
+
+    token = os.environ.get(WORKER_TOKEN_ENV, "")
+
     class Handler(BaseHTTPRequestHandler):
+        def _authorized(self) -> bool:
+            """Only the control plane (holding the shared token, when one is set) may call."""
+            if not token:
+                return True
+            given = self.headers.get("Authorization", "")
+            if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return True
+            self._send(401, {"error": "a worker answers the control plane only"})
+            return False
+
         def _send(self, code: int, body: dict[str, Any]) -> None:
             data = json.dumps(body).encode()
             self.send_response(code)
@@ -550,12 +607,16 @@ def _handler(worker: Worker) -> type[BaseHTTPRequestHandler]:
             return json.loads(self.rfile.read(length) or b"{}") if length else {}
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            if not self._authorized():
+                return
             if self.path == "/status":
                 self._send(200, worker.status())
             else:
                 self._send(404, {"error": "not found"})
 
         def do_POST(self) -> None:  # noqa: N802
+            if not self._authorized():
+                return
             parts = self.path.strip("/").split("/")
             if parts == ["runs"]:
                 body = self._body()
@@ -582,7 +643,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nice", type=int, default=0, help="add this to the process's niceness")
     parser.add_argument("--name", default="", help="registry name (default: from the device)")
     parser.add_argument("--state-dir", default=os.environ.get("SHOTLOOM_STATE_DIR", "var/server"))
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (loopback unless a token is set)")
+    parser.add_argument("--advertise", default="", help="host others reach it by (default: --host)")
     parser.add_argument("--port", type=int, default=0, help="status port (0 = any free port)")
     parser.add_argument("--no-warm", dest="warm", action="store_false", help="load weights on first run")
     parser.add_argument("--server-config", default="", help="server YAML (its runtime section)")
@@ -601,7 +663,7 @@ def main(argv: list[str] | None = None) -> None:
 
     runtime_cfg = ServerConfig.load(args.server_config).runtime if args.server_config else RuntimeConfig()
     worker = Worker(name, device, args.threads, Path(args.state_dir), args.warm, runtime_cfg, args.pool)
-    worker.serve(args.host, args.port)
+    worker.serve(args.host, args.port, args.advertise or None)
 
 
 if __name__ == "__main__":

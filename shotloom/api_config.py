@@ -120,6 +120,12 @@ class ApiConfig(_Strict):
     callback_max_attempts: int = Field(default=8, ge=0, description="0 = retry forever.")
     callback_backoff_seconds: float = Field(default=2.0, ge=0)
     callback_timeout_seconds: float = Field(default=10.0, gt=0)
+    follow_interval_seconds: float = Field(
+        default=0.25,
+        gt=0,
+        description="How often the API reads the status of unfinished runs (one GraphQL query for all, "
+        "plus the new events of running ones): how soon a finished job reads as finished.",
+    )
     max_queue: int = Field(
         default=100, ge=1, description="Queued jobs (per kind) past which POST answers 503."
     )

@@ -81,6 +81,17 @@ class PostgresServer:
         url = self.base_url.update_query_dict({"options": f"-c search_path={name}"})
         return url.render_as_string(hide_password=False)
 
+    def fresh_database(self, name: str) -> str:
+        """A new empty database (dropped first if left over): ``postgresql://`` URL, no driver named,
+        as Dagster and operators write it."""
+        import psycopg
+
+        conninfo = self.base_url.set(drivername="postgresql").render_as_string(hide_password=False)
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.base_url.set(drivername="postgresql", database=name).render_as_string(hide_password=False)
+
     def stop(self) -> None:
         if self.root is None:
             return

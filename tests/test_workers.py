@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -36,10 +37,9 @@ from orchestration.launcher import (
     PID_TAG,
     WORKER_TAG,
     DeviceRunLauncher,
-    WorkerRecord,
     read_workers,
-    workers_dir,
 )
+from orchestration.registry import WorkerRecord, WorkerRegistry
 from orchestration.server_config import ServerConfig
 from shotloom import stages
 
@@ -67,7 +67,7 @@ def test_private_dagster_apis_the_worker_uses_are_unchanged():
     from dagster._utils.hosted_user_process import recon_job_from_origin
     from dagster._utils.interrupts import capture_interrupts, setup_interrupt_handlers
 
-    assert dagster.__version__ == "1.13.28"
+    assert dagster.__version__ == "1.13.27"
     params = list(inspect.signature(core_execute_run).parameters)
     assert params == ["recon_job", "dagster_run", "instance", "inject_env_vars", "resume_from_failure"]
     assert list(inspect.signature(recon_job_from_origin).parameters) == ["origin"]
@@ -101,10 +101,19 @@ def test_generated_dagster_yaml_builds_the_instance(tmp_path):
         # The daemon reads the interval from the coordinator (a float: sub-second dequeue).
         dequeuer = create_daemon_of_type(QueuedRunCoordinatorDaemon.daemon_type(), instance)
         assert dequeuer.interval_seconds == 0.5
-        assert coordinator.get_run_queue_config().tag_concurrency_limits == [
-            {"key": GPU_TAG, "limit": 3},
+        # One slot per worker alive in the registry, per pool (on any host): none registered yet.
+        limits = coordinator.get_run_queue_config().tag_concurrency_limits
+        assert limits == [{"key": GPU_TAG, "limit": 0}, {"key": MEDIA_TAG, "limit": 0}]
+        registry = WorkerRegistry(instance.run_storage)
+        for name, pool in (("cpu-0", "device"), ("gpu2-cuda-0", "device"), ("media-0", "media")):
+            registry.publish(WorkerRecord(name, "http://127.0.0.1:1", os.getpid(), "boot", "cpu:0", pool))
+        limits = coordinator.get_run_queue_config().tag_concurrency_limits
+        assert limits == [
+            {"key": GPU_TAG, "limit": 2},
             {"key": MEDIA_TAG, "limit": 1},  # merges never wait behind a generation
         ]
+        registry.withdraw("cpu-0", "boot")  # stopped: its slot goes
+        assert coordinator.get_run_queue_config().tag_concurrency_limits[0] == {"key": GPU_TAG, "limit": 1}
         assert instance.run_monitoring_enabled and instance.run_monitoring_max_resume_run_attempts > 0
         # No "Join the Dagster community" dialog on a fresh state dir, no telemetry.
         assert not instance.nux_enabled and not instance.telemetry_enabled
@@ -168,11 +177,23 @@ def test_health_check_answers_from_the_worker_registry(tmp_path):
         bound = {WORKER_TAG: "cpu-0", BOOT_TAG: "boot-a"}
         assert health({}).status == WorkerStatus.RUNNING  # not bound yet
         assert health(bound).status == WorkerStatus.FAILED  # worker not registered
+        registry = WorkerRegistry(instance.run_storage)
         record = WorkerRecord("cpu-0", f"http://127.0.0.1:{dead_port}", os.getpid(), "boot-a", "cpu:0")
-        record.write(workers_dir(tmp_path))
-        result = health(bound)  # alive pid, endpoint not answering: transient, not a failure
+        registry.publish(record)
+        result = health(bound)  # beating, endpoint not answering: transient, not a failure
         assert result.status == WorkerStatus.RUNNING and result.transient
         assert health({**bound, BOOT_TAG: "boot-old"}).status == WorkerStatus.FAILED  # restarted
+        # Another host's worker that stopped beating is dead (no local pid to look at).
+        elsewhere = replace(record, host="gpu-host-2", pid=1)
+        registry.publish(elsewhere)
+        assert health(bound).status == WorkerStatus.RUNNING
+        launcher.heartbeat_timeout = 0.2
+        time.sleep(0.3)
+        stale = health(bound)
+        assert stale.status == WorkerStatus.FAILED and "stopped beating" in stale.msg
+        registry.withdraw("cpu-0", "boot-a")
+        assert "stopped" in health(bound).msg
+        assert [r.name for r in registry.records("device")] == ["cpu-0"] and registry.records("media") == []
 
 
 # -- slow: the whole stack -----------------------------------------------------

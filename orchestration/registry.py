@@ -1,0 +1,109 @@
+"""The worker registry, kept in Dagster's own storage (its key-value table), so every host that
+shares the storage (SQLite on one host, PostgreSQL across several) sees every worker.
+
+Each worker publishes its record under ``shotloom/worker/<name>``: name, host, URL, pool, device,
+boot id, pid, capabilities, and a heartbeat it refreshes every few seconds. The names are listed
+under ``shotloom/workers``; a worker re-adds itself at every heartbeat, so two workers registering
+at the same moment (a read-modify-write of the list) lose nothing for longer than one beat.
+
+Liveness is judged by the heartbeat and the boot id, not by a local pid: a host that disappears
+stops beating, and its runs are resumed or retried elsewhere once its records go stale.
+
+Imported by every process that builds the Dagster instance (through the launcher): no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+INDEX_KEY = "shotloom/workers"
+RECORD_PREFIX = "shotloom/worker/"
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    name: str
+    url: str
+    pid: int
+    boot_id: str
+    device: str
+    pool: str = "device"  # device | media
+    host: str = field(default_factory=socket.gethostname)
+    heartbeat: float = 0.0  # unix time of the last beat; 0: withdrawn (stopped cleanly)
+    capabilities: dict[str, Any] | None = None
+
+    def alive(self, stale_after_s: float, now: float | None = None) -> bool:
+        """Beating recently (and, on this host, its process still there)."""
+        now = time.time() if now is None else now
+        if self.heartbeat <= 0 or now - self.heartbeat > stale_after_s:
+            return False
+        return not self.local or _pid_alive(self.pid)
+
+    @property
+    def local(self) -> bool:
+        return self.host == socket.gethostname()
+
+    @classmethod
+    def parse(cls, text: str) -> WorkerRecord | None:
+        try:
+            data = json.loads(text)
+            return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        except (ValueError, TypeError):
+            return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class WorkerRegistry:
+    """Records of the workers, on a Dagster run storage (``instance.run_storage``)."""
+
+    def __init__(self, run_storage):
+        self.storage = run_storage
+
+    def _names(self) -> list[str]:
+        raw = self.storage.get_cursor_values({INDEX_KEY}).get(INDEX_KEY)
+        try:
+            names = json.loads(raw) if raw else []
+        except ValueError:
+            names = []
+        return [n for n in names if isinstance(n, str)]
+
+    def publish(self, record: WorkerRecord) -> WorkerRecord:
+        """Write (or refresh) a record, with a heartbeat of now."""
+        record = replace(record, heartbeat=time.time())
+        self.storage.set_cursor_values({RECORD_PREFIX + record.name: json.dumps(asdict(record))})
+        names = self._names()
+        if record.name not in names:
+            self.storage.set_cursor_values({INDEX_KEY: json.dumps(sorted({*names, record.name}))})
+        return record
+
+    def withdraw(self, name: str, boot_id: str) -> None:
+        """A worker stopping cleanly: its record stays (for the runs that name it) but reads dead."""
+        current = self.get(name)
+        if current is not None and current.boot_id == boot_id:
+            stopped = replace(current, heartbeat=0.0)
+            self.storage.set_cursor_values({RECORD_PREFIX + name: json.dumps(asdict(stopped))})
+
+    def get(self, name: str) -> WorkerRecord | None:
+        raw = self.storage.get_cursor_values({RECORD_PREFIX + name}).get(RECORD_PREFIX + name)
+        return WorkerRecord.parse(raw) if raw else None
+
+    def records(self, pool: str | None = None) -> list[WorkerRecord]:
+        """Every registered worker (of ``pool``), alive or not, by name."""
+        keys = {RECORD_PREFIX + n for n in self._names()}
+        values = self.storage.get_cursor_values(keys) if keys else {}
+        parsed = (WorkerRecord.parse(v) for v in values.values())
+        return sorted((r for r in parsed if r is not None and pool in (None, r.pool)), key=lambda r: r.name)

@@ -1,0 +1,243 @@
+"""Several hosts on one machine: a control host and two worker hosts sharing only a throwaway
+PostgreSQL cluster (Dagster's storage and the service store) and the media directory.
+
+The worker hosts bind their endpoints to distinct loopback addresses (127.0.0.2, 127.0.0.3) behind
+the control plane's token, register in the shared storage, and take jobs in FIFO order; a
+``kill -9`` of one worker host mid-run ends with every job completed exactly once and every
+callback delivered once (its runs are resumed or retried on the other host).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+import pg
+from api_stack import wait_for
+from conftest import REPO, free_port, write_inference_yaml
+
+pytestmark = pytest.mark.slow
+TOKEN = "test-worker-token-0123456789"
+JOBS = 12
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[pg.PostgresServer]:
+    reason = pg.missing_reason()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    server = pg.start()
+    yield server
+    server.stop()
+
+
+class Receiver:
+    """Counts callback deliveries per version."""
+
+    def __init__(self) -> None:
+        self.by_version: collections.Counter[str] = collections.Counter()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                receiver.by_version[body["version_id"]] += 1
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+class Host:
+    def __init__(self, root: Path, role: str, config: dict):
+        self.root, self.role = root, role
+        self.state = root / "state"
+        self.state.mkdir(parents=True)
+        self.config = root / "server.yaml"
+        self.config.write_text(yaml.safe_dump({"state_dir": str(self.state), **config}))
+        out = open(self.state / "server.out", "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "server.py", "--config", str(self.config), "--role", role],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def log(self, name: str | None = None) -> str:
+        path = self.state / "logs" / f"{name}.log" if name else self.state / "server.out"
+        return path.read_text(errors="replace")[-5000:] if path.exists() else f"(no {path})"
+
+    def kill_9(self) -> None:
+        """The host vanishes: server.py and everything it started, SIGKILL, deepest first."""
+        procs = [psutil.Process(self.proc.pid)]
+        procs += procs[0].children(recursive=True)
+        for p in reversed(procs):
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
+    postgres, tmp_path, wan_checkpoint, monkeypatch
+):
+    from orchestration.storage import dagster_postgres_url
+
+    url = dagster_postgres_url(postgres.fresh_database("shotloom_hosts"))
+    env = {"SHOTLOOM_POSTGRES_URL": url, "SHOTLOOM_WORKER_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"}
+    for key, value in env.items():  # every host's processes (and this test's reads) see them
+        monkeypatch.setenv(key, value)
+    media = tmp_path / "shared-media"  # the shared filesystem every host mounts
+    inference = write_inference_yaml(
+        tmp_path / "inference.yaml",
+        "wan",
+        wan_checkpoint,
+        tmp_path / "cache",
+        defaults={"width": 64, "height": 64, "num_frames": 33, "fps": 16},  # ~3 s a job: killable mid-run
+    )
+    common = {
+        "inference": {"config": str(inference)},
+        "storage": {"postgres_url_env": "SHOTLOOM_POSTGRES_URL"},
+        "media_root": str(media),
+        "monitoring": {"poll_interval_seconds": 1},
+        "runtime": {"heartbeat_seconds": 1, "heartbeat_timeout_seconds": 5},
+    }
+    api_port = free_port()
+    control_cfg = {
+        **common,
+        "webserver": {"host": "127.0.0.1", "port": free_port()},
+        "workers": {"devices": [], "media": 0},
+        "api": {"host": "127.0.0.1", "port": api_port, "callback_backoff_seconds": 0.2},
+    }
+
+    def worker_cfg(prefix: str, address: str) -> dict:
+        return {
+            **common,
+            "workers": {
+                "name_prefix": prefix,
+                "devices": [{"device": "cpu", "threads": 1}],
+                "media": 0,
+                "bind": address,
+            },
+        }
+
+    receiver = Receiver()
+    hosts: list[Host] = []
+    try:
+        control = Host(tmp_path / "control", "control", control_cfg)
+        hosts.append(control)
+        host_a = Host(tmp_path / "host-a", "workers", worker_cfg("a-", "127.0.0.2"))
+        host_b = Host(tmp_path / "host-b", "workers", worker_cfg("b-", "127.0.0.3"))
+        hosts += [host_a, host_b]
+        client = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=30)
+
+        def healthy():
+            for h in hosts:
+                assert h.proc.poll() is None, h.log() + h.log("api")
+            try:
+                body = client.get("/health").json()
+            except (httpx.HTTPError, ValueError):
+                return None
+            names = sorted(w["name"] for w in body["inference"]["workers"] if w["ready"])
+            return body if body["status"] == "ok" and names == ["a-cpu-0", "b-cpu-0"] else None
+
+        health = wait_for(healthy, 240, "both worker hosts registered and ready", interval=1)
+        urls = {w["name"]: w for w in health["inference"]["workers"]}
+        assert {w["host"] for w in urls.values()}  # each says which host it is on
+
+        # Nothing of a worker answers without the control plane's token.
+        from orchestration.launcher import read_workers
+
+        records = {r.name: r for r in read_workers(control.state)}
+        assert records["a-cpu-0"].url.startswith("http://127.0.0.2:")
+        assert records["b-cpu-0"].url.startswith("http://127.0.0.3:")
+        for record in records.values():
+            assert httpx.get(record.url + "/status").status_code == 401
+            authorized = {"Authorization": f"Bearer {TOKEN}"}
+            assert httpx.get(record.url + "/status", headers=authorized).json()["name"] == record.name
+
+        versions = []
+        for n in range(JOBS):
+            body = {
+                "work_id": "hosts",
+                "shot_id": f"s{n:02d}",
+                "prompt": f"shot {n}",
+                "memory_slots": [],
+                "seed": n,
+                "callback_url": receiver.url,
+            }
+            resp = client.post("/r2v", json=body)
+            assert resp.status_code == 202, resp.text
+            versions.append(resp.json()["version_id"])
+
+        # Both hosts busy, then host B vanishes while it generates.
+        def both_busy():
+            body = client.get("/health").json()
+            busy = {w["name"]: w["task"] for w in body["inference"]["workers"] if w["state"] == "busy"}
+            return busy if len(busy) == 2 and all(busy.values()) else None
+
+        busy = wait_for(both_busy, 120, "both hosts running a job", interval=0.2)
+        victim_version = busy["b-cpu-0"]["version_id"]
+        host_b.kill_9()
+        killed_at = time.time()
+
+        def finished():
+            bodies = [client.get(f"/version/{v}").json() for v in versions]
+            return bodies if all(b["status"] in ("succeeded", "failed") for b in bodies) else None
+
+        done = wait_for(finished, 300, "every job to finish", interval=1)
+        assert [b["status"] for b in done] == ["succeeded"] * JOBS, [(b["status"], b["error"]) for b in done]
+        wait_for(lambda: sum(receiver.by_version.values()) >= JOBS, 60, "every callback")
+        time.sleep(1)
+        assert dict(receiver.by_version) == {v: 1 for v in versions}  # exactly once each
+
+        # Every shot written once, in the shared media directory, under its surviving run.
+        for body in done:
+            outputs = list((media / "r2v" / "hosts" / body["shot_id"]).glob("*/output.mp4"))
+            assert [p.parent.name for p in outputs] == [body["run_id"]], body["shot_id"]
+            assert client.get(body["video_url"].replace(str(client.base_url), "")).status_code == 200
+        workers = collections.Counter(b["worker"]["name"] for b in done if b.get("worker"))
+        assert workers["a-cpu-0"] >= 1 and set(workers) <= {"a-cpu-0", "b-cpu-0"}
+        # The victim's job finished on host A after the kill (resumed or retried there).
+        victim = next(b for b in done if b["version_id"] == victim_version)
+        assert victim["worker"]["name"] == "a-cpu-0" and victim["stage_times"]["succeeded"] > killed_at
+        # FIFO: the jobs the kill did not touch were claimed in accept order.
+        untouched = [b for b in done if "recovered" not in b["stage_times"] and b is not victim]
+        claimed = [b["stage_times"]["claimed"] for b in untouched]
+        assert claimed == sorted(claimed)
+    finally:
+        for h in hosts:
+            h.stop()
+        receiver.server.shutdown()
