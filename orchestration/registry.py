@@ -23,6 +23,7 @@ from typing import Any
 
 INDEX_KEY = "shotloom/workers"
 RECORD_PREFIX = "shotloom/worker/"
+CLAIM_PREFIX = "shotloom/claim/"
 
 
 @dataclass(frozen=True)
@@ -107,3 +108,16 @@ class WorkerRegistry:
         values = self.storage.get_cursor_values(keys) if keys else {}
         parsed = (WorkerRecord.parse(v) for v in values.values())
         return sorted((r for r in parsed if r is not None and pool in (None, r.pool)), key=lambda r: r.name)
+
+    def claim(self, run_id: str, owner: str) -> bool:
+        """Exclusive across hosts: True for exactly one worker asking to take ``run_id`` (an INSERT
+        into the key-value table, whose key is unique; ``set_cursor_values`` would overwrite)."""
+        from dagster._core.storage.runs.schema import KeyValueStoreTable
+        from sqlalchemy.exc import IntegrityError
+
+        try:
+            with self.storage.connect() as conn:
+                conn.execute(KeyValueStoreTable.insert().values(key=CLAIM_PREFIX + run_id, value=owner))
+        except IntegrityError:
+            return False
+        return True

@@ -272,15 +272,17 @@ class Worker:
     def _recover_orphans(self) -> None:
         """Take back runs that nobody will start: run monitoring only times STARTING runs out
         (after start_timeout_seconds), so an idle worker does it, oldest first, with stage
-        ``recovered``. Three ways a run ends up so: this worker's earlier boot died between
+        ``recovered``. Four ways a run ends up so: this worker's earlier boot died between
         claiming and starting it; the daemon died between binding it to this worker (tags first)
-        and handing it over; or the daemon died after marking it STARTING but before binding it
-        to any worker (any idle worker may take that one: an exclusive claim file decides).
-        A STARTED run is left to run monitoring, which resumes it (the boot id changed).
+        and handing it over; the daemon died after marking it STARTING but before binding it to
+        any worker; or the worker (or its whole host) it was bound to is dead in the registry.
+        The last two may be taken by any idle worker of the pool, on any host: an exclusive claim
+        in the shared storage decides. A STARTED run is left to run monitoring, which resumes it.
         """
         from dagster import DagsterRunStatus, RunsFilter
 
         from orchestration.launcher import BOOT_TAG, PID_TAG, POOL_TAGS, WORKER_TAG
+        from orchestration.registry import WorkerRegistry
         from resources import run_state
         from shotloom import stages
 
@@ -288,6 +290,15 @@ class Worker:
             RunsFilter(statuses=[DagsterRunStatus.STARTING], tags={POOL_TAGS[self.pool]: "1"})
         )
         now = time.time()
+        registry = WorkerRegistry(self.instance.run_storage)
+
+        def owner_dead(run) -> bool:
+            owner = registry.get(run.tags[WORKER_TAG])
+            return (
+                owner is None
+                or owner.boot_id != run.tags.get(BOOT_TAG)
+                or not owner.alive(self.runtime_cfg.heartbeat_timeout_seconds)
+            )
 
         def orphaned(record) -> bool:
             run = record.dagster_run
@@ -296,7 +307,7 @@ class Worker:
             if owner is None:
                 return stale
             if owner != self.name:
-                return False
+                return stale and owner_dead(run)
             return run.tags.get(BOOT_TAG) != self.boot_id or (stale and run.run_id not in self.finished)
 
         for record in sorted(filter(orphaned, records), key=lambda r: r.create_timestamp):
@@ -305,7 +316,8 @@ class Worker:
                 if self.stopping or self.state not in ("idle", "warming"):
                     return
                 before, self.state = self.state, "busy"  # the launcher now gets 409
-            if WORKER_TAG not in record.dagster_run.tags and not self._claim(run_id):
+            mine = record.dagster_run.tags.get(WORKER_TAG) == self.name
+            if not mine and not registry.claim(run_id, self.name):
                 with self.lock:
                     self.state = before  # another worker took it
                 continue
@@ -324,18 +336,6 @@ class Worker:
             with self.lock:
                 if not self.stopping:
                     self.state = "idle"
-
-    def _claim(self, run_id: str) -> bool:
-        """Exclusive, host-wide: True for exactly one worker asking about ``run_id``."""
-        claims = self.state_dir / "claims"
-        claims.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(claims / run_id, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            return False
-        os.write(fd, self.name.encode())
-        os.close(fd)
-        return True
 
     def _scan_for_orphans(self) -> None:
         try:

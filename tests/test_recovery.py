@@ -24,6 +24,7 @@ from dagster import DagsterEventType, DagsterRunStatus
 from dagster._daemon.monitoring.run_monitoring import RESUME_RUN_LOG_MESSAGE
 
 from orchestration.launcher import BOOT_TAG, LAUNCHED_AT_TAG, PID_TAG, WORKER_TAG
+from orchestration.registry import CLAIM_PREFIX
 from shotloom import stages
 
 from conftest import (
@@ -261,8 +262,9 @@ def test_run_marked_starting_but_never_bound_is_taken_by_an_idle_worker(stack):
         assert status == DagsterRunStatus.SUCCESS
         with stack.instance() as instance:
             tags = instance.get_run_by_id(run_id).tags
+            # Exactly one worker claimed it, in the shared storage (any host's worker could have).
+            claim = instance.run_storage.get_cursor_values({CLAIM_PREFIX + run_id})
         assert tags[WORKER_TAG] in ("cpu-0", "cpu-1") and stages.STAGE_AT_PREFIX + stages.RECOVERED in tags
-        claims = list((stack.state / "claims").iterdir())
-        assert [c.name for c in claims] == [run_id]  # exactly one worker claimed it
+        assert claim == {CLAIM_PREFIX + run_id: tags[WORKER_TAG]}
     finally:
         daemon.resume()

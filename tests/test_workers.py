@@ -194,6 +194,8 @@ def test_health_check_answers_from_the_worker_registry(tmp_path):
         registry.withdraw("cpu-0", "boot-a")
         assert "stopped" in health(bound).msg
         assert [r.name for r in registry.records("device")] == ["cpu-0"] and registry.records("media") == []
+        # Taking over an orphaned run: exactly one claimant wins, whatever host it is on.
+        assert registry.claim("run-1", "a-cpu-0") and not registry.claim("run-1", "b-cpu-0")
 
 
 # -- slow: the whole stack -----------------------------------------------------
