@@ -43,6 +43,7 @@ def build_context(cfg: ServerConfig) -> ApiContext:
         capabilities=follower.capabilities,
         defaults=inference.defaults,
         terminate=lambda run_id: gateway.terminate(run_id, wait_starting_s=0),
+        assets_dir=cfg.inputs_dir(),
     )
     config = cfg.inference.config
     ctx = ApiContext(

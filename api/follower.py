@@ -286,14 +286,15 @@ class Follower:
     # -- follow ---------------------------------------------------------------------------------
     def follow_runs(self) -> None:
         self.cancel_requested()
-        jobs = self.store.unfinished()
-        if not jobs:
+        versions = self.store.unfinished_runs()
+        if not versions:
             return
-        # Queued runs have nothing new to say; leaving them out keeps a tick cheap with a long queue.
-        runs = self.gateway.runs([j.run_id for j in jobs if j.run_id], statuses=_MOVING)
-        for job in jobs:
-            info = runs.get(job.run_id or "")
-            if info is not None:
+        # Queued runs have nothing new to say; leaving them out keeps a tick cheap with a long queue
+        # (only the jobs whose runs moved are loaded).
+        runs = self.gateway.runs(list(versions), statuses=_MOVING)
+        for run_id, info in sorted(runs.items(), key=lambda item: item[1].create_time or 0):
+            job = self.store.get(versions[run_id])
+            if job is not None and job.status in ("queued", "running") and job.run_id == run_id:
                 self._apply(job, info)
 
     def cancel_requested(self) -> None:

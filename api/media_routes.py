@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import mimetypes
 import os
-import stat
 import urllib.parse
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
+
+from shotloom.media_store import LocalMediaStore
 
 __all__ = ["NOT_FOUND_BODY", "media_router", "resolve_media_path"]
 
@@ -38,32 +39,12 @@ _MEDIA_TYPES = {
 
 def resolve_media_path(media_root: Path, asset_path: str) -> tuple[Path, os.stat_result] | None:
     """The regular file ``asset_path`` names below ``media_root`` (and its stat), or None."""
-    # Decode again: a client (or proxy) may have double-encoded the separators and dots.
-    decoded = urllib.parse.unquote(asset_path)
-    if not decoded or "\x00" in decoded or "\\" in decoded:
-        return None
-    pure = PurePosixPath(decoded)
-    if pure.is_absolute() or any(part in ("..", ".") for part in pure.parts) or decoded.startswith("/"):
-        return None
-    root = media_root.resolve()
-    try:
-        real = (root / pure).resolve(strict=True)
-    except (OSError, RuntimeError):
-        return None
-    if not real.is_relative_to(root) or real == root:
-        return None
-    try:
-        st = real.stat()
-    except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    return real, st
+    return LocalMediaStore(media_root).served(asset_path)
 
 
 def media_router(media_root: Path) -> APIRouter:
-    """A router serving ``GET``/``HEAD /media/{asset_path:path}`` from ``media_root``."""
-    root = Path(media_root)
+    """A router serving ``GET``/``HEAD /media/{asset_path:path}`` from the media store."""
+    store = LocalMediaStore(media_root)
     router = APIRouter(tags=["media"])
 
     @router.api_route(
@@ -82,7 +63,7 @@ def media_router(media_root: Path) -> APIRouter:
         raw = request.scope.get("raw_path", b"").decode("latin-1")
         if ".." in urllib.parse.unquote(urllib.parse.unquote(raw)).split("/"):
             return JSONResponse(NOT_FOUND_BODY, status_code=404)
-        found = resolve_media_path(root, asset_path)
+        found = store.served(asset_path)
         if found is None:
             return JSONResponse(NOT_FOUND_BODY, status_code=404)
         path, st = found

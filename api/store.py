@@ -679,6 +679,15 @@ class Store:
             rows = s.scalars(q.order_by(Job.created_at, Job.version_id)).all()
             return [_job_record(r) for r in rows]
 
+    def unfinished_runs(self) -> dict[str, str]:
+        """run id -> version id of the submitted jobs still queued or running: the follower's tick,
+        without loading (and decoding) every job row of a long queue."""
+        with self._read() as s:
+            q = select(Job.run_id, Job.version_id).where(
+                Job.run_id.is_not(None), Job.status.in_(("queued", "running"))
+            )
+            return {run_id: version_id for run_id, version_id in s.execute(q)}
+
     def update_status(
         self,
         version_id: str,

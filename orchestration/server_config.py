@@ -292,6 +292,13 @@ class ServerConfig(_Strict):
         url = url.update_query_dict({"options": f"-c search_path={SERVICE_SCHEMA}"})
         return url.render_as_string(hide_password=False)
 
+    def inputs_dir(self) -> Path:
+        """Where the API stores accepted inputs, which the workers read: under the state dir on one
+        host; on the shared media path when hosts share storage (a worker elsewhere reads them)."""
+        if self.storage.postgres_url_env:
+            return Path(self.media_root) / "inputs"
+        return self.api.assets_dir(self.state_dir)
+
     def media_worker_names(self) -> list[str]:
         return [f"{self.workers.name_prefix}media-{n}" for n in range(self.workers.media)]
 

@@ -127,6 +127,7 @@ def test_unsubmitted_then_submitted_and_following_retries(store):
     assert not store.mark_submitted(a, "run-other")  # already submitted: kept
     assert [j.version_id for j in store.unsubmitted()] == [b]
     assert [j.version_id for j in store.unfinished()] == [a]
+    assert store.unfinished_runs() == {"run-1": a}  # what the follower polls, without the rows
     job = store.get(a)
     assert job.run_id == job.root_run_id == "run-1" and job.submitted_at is not None
     job = store.follow_run(a, "run-2")

@@ -32,6 +32,21 @@ from conftest import REPO, free_port, write_inference_yaml
 
 pytestmark = pytest.mark.slow
 TOKEN = "test-worker-token-0123456789"
+
+
+def png_data_url(seed: int) -> str:
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
 JOBS = 12
 
 
@@ -198,6 +213,8 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
                 "seed": n,
                 "callback_url": receiver.url,
             }
+            if n % 3 == 0:  # an input the API stores (on the shared path) and a worker host reads
+                body["condition_img"] = png_data_url(n)
             resp = client.post("/r2v", json=body)
             assert resp.status_code == 202, resp.text
             versions.append(resp.json()["version_id"])
@@ -223,6 +240,7 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
         time.sleep(1)
         assert dict(receiver.by_version) == {v: 1 for v in versions}  # exactly once each
 
+        assert list((media / "inputs").rglob("*.png"))  # accepted inputs live on the shared path
         # Every shot written once, in the shared media directory, under its surviving run.
         for body in done:
             outputs = list((media / "r2v" / "hosts" / body["shot_id"]).glob("*/output.mp4"))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import secrets
-import shutil
 import statistics
 import tempfile
 import time
@@ -41,6 +40,7 @@ from shotloom import stages
 from shotloom.api_config import ApiConfig
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import Defaults
+from shotloom.media_store import LocalMediaStore
 from shotloom.request import GenerationRequest, MemorySlot
 
 R2V_JOB = "r2v"
@@ -85,11 +85,13 @@ class JobService:
         capabilities: Callable[[], dict[str, Any] | None] = lambda: None,
         defaults: Defaults | None = None,
         terminate: Callable[[str], bool] | None = None,
+        assets_dir: Path | None = None,
     ):
         self.store = store
         self.api = api
-        self.media_root = Path(media_root).resolve()
-        self.assets_dir = api.assets_dir(state_dir)
+        self.media = LocalMediaStore(media_root)  # every read and delete of media goes through it
+        self.media_root = self.media.root
+        self.assets_dir = assets_dir or api.assets_dir(state_dir)  # accepted inputs the workers read
         self.on_accept = on_accept or (lambda: None)
         self.published_capabilities = capabilities
         self.defaults = defaults or Defaults()
@@ -158,8 +160,8 @@ class JobService:
             arts = sorted(arts, key=lambda a: a.role != "film")
         for art in arts:
             if art.kind == kind and (role is None or art.role == role):
-                path = (self.media_root / art.path).resolve()
-                if path.is_relative_to(self.media_root) and path.is_file():
+                path = self.media.find(art.path)
+                if path is not None:
                     return path
         return None
 
@@ -432,7 +434,7 @@ class JobService:
                     raise Conflict(
                         f"the video of version {job.version_id} is no longer available", shot.field
                     )
-                paths.append(video.relative_to(self.media_root).as_posix())
+                paths.append(self.media.relative(video))
                 shot_ids.append(job.shot_id or job.version_id)
                 versions.append(job.version_id)
                 sources.append({"version_id": job.version_id})
@@ -589,16 +591,8 @@ class JobService:
         return job
 
     def _remove_media(self, relative: str) -> None:
-        path = (self.media_root / relative).resolve()
-        if not path.is_relative_to(self.media_root) or path == self.media_root:
-            return
-        path.unlink(missing_ok=True)
-        parent = path.parent
-        # The run's own output folder goes once it is empty (shots are written one per folder).
-        if parent != self.media_root and parent.is_relative_to(self.media_root) and not any(parent.iterdir()):
-            shutil.rmtree(parent, ignore_errors=True)
+        self.media.remove(relative)
 
-    # -- timing ---------------------------------------------------------------------------------
     def job_seconds(self) -> float | None:
         """Median wall time of recent finished jobs, from claim to end (None before the first)."""
         durations = self.store.recent_durations(DURATION_SAMPLES)

@@ -1,0 +1,108 @@
+"""Where produced media live: one root directory, a local disk or a shared filesystem mounted at the
+same path on every host (workers write there, the API serves from there).
+
+Paths handed around (asset metadata, the service store, URLs) are relative to the root. This class
+is the one place that turns them into files, for the ops (through ``MediaStoreResource``), the API's
+media routes and its job service alike: another backend (an object store) is one class with the
+same methods.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import urllib.parse
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+# Stills written beside each MP4 (shot or film), once, when the MP4 is written.
+THUMBNAIL_NAME = "thumbnail.png"
+SPRITESHEET_NAME = "spritesheet.png"
+
+
+class LocalMediaStore:
+    def __init__(self, root: str | Path):
+        self.root = Path(root).resolve()
+
+    # -- where things go ------------------------------------------------------------------------
+    def shot_path(self, work_id: str, shot_id: str, run_id: str) -> Path:
+        return self.path("r2v", work_id, shot_id, run_id, "output.mp4")
+
+    def film_path(self, work_id: str, run_id: str) -> Path:
+        return self.path("merge", work_id, run_id, "film.mp4")
+
+    def path(self, *parts: str) -> Path:
+        """A root-relative path as a file path, refusing anything that leaves the root."""
+        path = self.root.joinpath(*parts).resolve()
+        if not path.is_relative_to(self.root):
+            raise ValueError(f"path leaves the media root: {'/'.join(parts)}")
+        return path
+
+    def relative(self, path: Path) -> str:
+        return Path(path).resolve().relative_to(self.root).as_posix()
+
+    # -- reading --------------------------------------------------------------------------------
+    def find(self, relative: str) -> Path | None:
+        """The regular file ``relative`` names inside the root, if it is there."""
+        found = self.served(relative)
+        return found[0] if found else None
+
+    def served(self, asset_path: str) -> tuple[Path, os.stat_result] | None:
+        """The regular file a client's ``asset_path`` names (and its stat), or None for anything
+        missing or outside the root: ``..``, percent-encoded traversal, absolute paths, a symlink
+        leading out. The caller answers all of them alike."""
+        decoded = urllib.parse.unquote(asset_path)  # a client (or proxy) may have double-encoded
+        if not decoded or "\x00" in decoded or "\\" in decoded:
+            return None
+        pure = PurePosixPath(decoded)
+        if pure.is_absolute() or any(part in ("..", ".") for part in pure.parts) or decoded.startswith("/"):
+            return None
+        try:
+            real = (self.root / pure).resolve(strict=True)
+        except (OSError, RuntimeError):
+            return None
+        if not real.is_relative_to(self.root) or real == self.root:
+            return None
+        try:
+            st = real.stat()
+        except OSError:
+            return None
+        return (real, st) if stat.S_ISREG(st.st_mode) else None
+
+    # -- writing --------------------------------------------------------------------------------
+    def write_stills(self, frames_or_video: Any, mp4: Path, spritesheet_frames: int = 9) -> dict[str, Any]:
+        """Thumbnail and spritesheet PNGs beside ``mp4``; returns their materialization metadata.
+
+        ``frames_or_video``: the (F, H, W, 3) uint8 frames in memory, or the video file (then only
+        the needed frames are decoded, by seeking). Paths in the metadata are root-relative.
+        """
+        from shotloom import media
+
+        thumb = media.write_thumbnail(frames_or_video, mp4.with_name(THUMBNAIL_NAME))
+        sheet = media.write_spritesheet(
+            frames_or_video, mp4.with_name(SPRITESHEET_NAME), count=spritesheet_frames
+        )
+        return {
+            "thumbnail": self.relative(thumb.path),
+            "thumbnail_sha256": thumb.sha256,
+            "thumbnail_bytes": thumb.bytes,
+            "spritesheet": self.relative(sheet.path),
+            "spritesheet_sha256": sheet.sha256,
+            "spritesheet_bytes": sheet.bytes,
+            "spritesheet_frames": list(sheet.frames),
+            "spritesheet_grid": sheet.grid,
+        }
+
+    def remove(self, relative: str) -> None:
+        """Delete a file, and its run's folder once that is empty (one folder per written shot)."""
+        try:
+            path = self.path(relative)
+        except ValueError:
+            return
+        if path == self.root:
+            return
+        path.unlink(missing_ok=True)
+        parent = path.parent
+        if parent != self.root and parent.is_relative_to(self.root) and not any(parent.iterdir()):
+            shutil.rmtree(parent, ignore_errors=True)
