@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     cfg = ServerConfig.load(args.config)
     app = create_app(build_context(cfg))
     # One process: the follower threads own submission and callbacks.
-    uvicorn.run(app, host=cfg.api.host, port=cfg.api.port, workers=1, log_level="info")
+    uvicorn.run(
+        app, host=cfg.api.host, port=cfg.api.port, workers=1, log_level="info", access_log=cfg.api.access_log
+    )
 
 
 if __name__ == "__main__":
