@@ -58,7 +58,6 @@ SUBMIT_REFUSALS = 3  # Dagster refusing a job's run this many times (while reach
 SUBMIT_BATCH = 25  # runs per GraphQL document: a burst reaches the queue in few round trips
 
 _RUNNING = {"STARTING", "STARTED", "CANCELING"}
-_WAITING = {"QUEUED", "NOT_STARTED"}
 _MOVING = ("STARTING", "STARTED", "CANCELING", "SUCCESS", "FAILURE", "CANCELED")  # not waiting
 _FAILED = {"FAILURE", "CANCELED"}
 
@@ -340,9 +339,7 @@ class Follower:
         return state
 
     def _live(self, run: RunInfo) -> dict[str, Any]:
-        # A queued run reports no stages or progress: reading its events would cost one GraphQL
-        # query per queued job per tick (with a long queue, seconds before a finished run is seen).
-        state = self._states.get(run.run_id, RunState()) if run.status in _WAITING else self._run_state(run)
+        state = self._run_state(run)
         times = {s: state.stage_times[s] for s in stages.ORDER if s in state.stage_times}
         live: dict[str, Any] = {"run_status": run.status, "stage_times": times}
         if state.progress is not None:

@@ -125,7 +125,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
     def config_type(cls) -> dict:
         return {
             "state_dir": Field(
-                StringSource, description="Server state dir; workers register under workers/."
+                StringSource, description="The server's state dir (workers register in the shared storage)."
             ),
             "launch_timeout_seconds": Field(
                 IntSource,

@@ -174,7 +174,7 @@ class RerenderSchedule(_Strict):
 
 
 class ServerConfig(_Strict):
-    state_dir: Path = Field(default=Path("var/server"), description="Instance home, logs, worker registry.")
+    state_dir: Path = Field(default=Path("var/server"), description="Instance home, logs, step storage.")
     webserver: WebserverConfig = WebserverConfig()
     inference: InferenceRef
     workers: WorkersConfig

@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import yaml
 
 import conftest
-from conftest import free_port, spawn_server, stop_server, write_inference_yaml
+from conftest import free_port, kill_tree, spawn_server, stop_server, write_inference_yaml
 
 FINISHED = ("succeeded", "failed")
 
@@ -135,18 +134,6 @@ def stop_api_stack(stack: ApiStack) -> None:
 
 
 def kill_everything(stack: ApiStack) -> None:
-    """kill -9 server.py and every process it started (each child leads its own process group)."""
-    procs = [psutil.Process(stack.proc.pid)]
-    try:
-        procs += procs[0].children(recursive=True)
-    except psutil.NoSuchProcess:
-        pass
-    # Deepest first: children get SIGTERM from the kernel when server.py dies (PR_SET_PDEATHSIG),
-    # which would let them stop gracefully; this is a crash.
-    for p in reversed(procs):
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=10)
+    """kill -9 server.py and every process it started."""
+    kill_tree(stack.proc.pid)
     stack.client.close()

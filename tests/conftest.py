@@ -199,11 +199,11 @@ class Stack:
             return False
 
 
-def spawn_server(config: Path, state: Path) -> subprocess.Popen:
-    """``server.py --config`` in its own process group, its output in ``<state>/server.out``."""
+def spawn_server(config: Path, state: Path, role: str | None = None) -> subprocess.Popen:
+    """``server.py --config [--role]`` in its own process group, its output in ``<state>/server.out``."""
     out = open(state / "server.out", "ab")  # noqa: SIM115 - lives as long as the process
     return subprocess.Popen(
-        [sys.executable, "server.py", "--config", str(config)],
+        [sys.executable, "server.py", "--config", str(config), *(["--role", role] if role else [])],
         cwd=REPO,
         stdout=out,
         stderr=subprocess.STDOUT,
@@ -237,6 +237,25 @@ def stop_server(proc: subprocess.Popen, grace: float = 60) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def kill_tree(pid: int) -> None:
+    """kill -9 ``pid`` and every process it started (each child leads its own process group)."""
+    import psutil
+
+    procs = [psutil.Process(pid)]
+    try:
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        pass
+    # Deepest first: children get SIGTERM from the kernel when server.py dies (PR_SET_PDEATHSIG),
+    # which would let them stop gracefully; this is a crash.
+    for p in reversed(procs):
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
 
 
 def stop_stack(stack: Stack) -> None:

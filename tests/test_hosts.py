@@ -10,25 +10,19 @@ callback delivered once (its runs are resumed or retried on the other host).
 from __future__ import annotations
 
 import collections
-import json
 import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 import yaml
 
 import pg
 from api_stack import wait_for
-from conftest import REPO, free_port, write_inference_yaml
+from conftest import free_port, kill_tree, spawn_server, stop_server, write_inference_yaml
+from test_api_http import Receiver
 
 pytestmark = pytest.mark.slow
 TOKEN = "test-worker-token-0123456789"
@@ -62,67 +56,20 @@ def postgres() -> Iterator[pg.PostgresServer]:
     server.stop()
 
 
-class Receiver:
-    """Counts callback deliveries per version."""
-
-    def __init__(self) -> None:
-        self.by_version: collections.Counter[str] = collections.Counter()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                receiver.by_version[body["version_id"]] += 1
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 class Host:
+    """One "machine": server.py in a role, with a state dir of its own."""
+
     def __init__(self, root: Path, role: str, config: dict):
         self.root, self.role = root, role
         self.state = root / "state"
         self.state.mkdir(parents=True)
         self.config = root / "server.yaml"
         self.config.write_text(yaml.safe_dump({"state_dir": str(self.state), **config}))
-        out = open(self.state / "server.out", "ab")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen(
-            [sys.executable, "server.py", "--config", str(self.config), "--role", role],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.proc = spawn_server(self.config, self.state, role)
 
     def log(self, name: str | None = None) -> str:
         path = self.state / "logs" / f"{name}.log" if name else self.state / "server.out"
         return path.read_text(errors="replace")[-5000:] if path.exists() else f"(no {path})"
-
-    def kill_9(self) -> None:
-        """The host vanishes: server.py and everything it started, SIGKILL, deepest first."""
-        procs = [psutil.Process(self.proc.pid)]
-        procs += procs[0].children(recursive=True)
-        for p in reversed(procs):
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
 
 
 def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
@@ -168,7 +115,7 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
             },
         }
 
-    receiver = Receiver()
+    receiver = Receiver(refuse=0)
     hosts: list[Host] = []
     try:
         control = Host(tmp_path / "control", "control", control_cfg)
@@ -227,7 +174,7 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
 
         busy = wait_for(both_busy, 120, "both hosts running a job", interval=0.2)
         victim_version = busy["b-cpu-0"]["version_id"]
-        host_b.kill_9()
+        kill_tree(host_b.proc.pid)  # the host vanishes
         killed_at = time.time()
 
         def finished():
@@ -236,9 +183,10 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
 
         done = wait_for(finished, 300, "every job to finish", interval=1)
         assert [b["status"] for b in done] == ["succeeded"] * JOBS, [(b["status"], b["error"]) for b in done]
-        wait_for(lambda: sum(receiver.by_version.values()) >= JOBS, 60, "every callback")
+        wait_for(lambda: len(receiver.delivered) >= JOBS, 60, "every callback")
         time.sleep(1)
-        assert dict(receiver.by_version) == {v: 1 for v in versions}  # exactly once each
+        delivered = collections.Counter(d["body"]["version_id"] for d in receiver.delivered)
+        assert dict(delivered) == {v: 1 for v in versions}  # exactly once each
 
         assert list((media / "inputs").rglob("*.png"))  # accepted inputs live on the shared path
         # Every shot written once, in the shared media directory, under its surviving run.
@@ -257,5 +205,5 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
         assert claimed == sorted(claimed)
     finally:
         for h in hosts:
-            h.stop()
-        receiver.server.shutdown()
+            stop_server(h.proc)
+        receiver.close()

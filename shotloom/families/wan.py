@@ -50,21 +50,9 @@ _TINY_WORDS = (
 def _full_size_components(text_layers: int) -> dict[str, Any]:
     """Wan 2.1 VACE 1.3B's published component configs (text encoder shortened: see the builder)."""
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanVACETransformer3DModel
-    from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
 
-    tokenizer = T5Tokenizer(vocab=_tiny_vocab(), extra_ids=0)
-    text_encoder = UMT5EncoderModel(
-        UMT5Config(
-            vocab_size=len(tokenizer),
-            d_model=4096,
-            d_kv=64,
-            d_ff=10240,
-            num_layers=text_layers,
-            num_heads=64,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.pad_token_id,
-        )
+    tokenizer, text_encoder = _text_encoder(
+        d_model=4096, d_kv=64, d_ff=10240, num_layers=text_layers, num_heads=64
     )
     transformer = WanVACETransformer3DModel(
         patch_size=(1, 2, 2),
@@ -93,6 +81,21 @@ def _full_size_components(text_layers: int) -> dict[str, Any]:
     }
 
 
+def _text_encoder(**dims: Any):
+    """The tiny vocabulary's tokenizer and a randomly initialised UMT5 encoder of ``dims``."""
+    from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
+
+    tokenizer = T5Tokenizer(vocab=_tiny_vocab(), extra_ids=0)
+    config = UMT5Config(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        **dims,
+    )
+    return tokenizer, UMT5EncoderModel(config)
+
+
 def _tiny_vocab() -> list[tuple[str, float]]:
     """A Unigram vocabulary built offline: specials, single characters and a few whole words."""
     specials = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
@@ -108,22 +111,9 @@ def _tiny_components(pipeline: str) -> dict[str, Any]:
         WanTransformer3DModel,
         WanVACETransformer3DModel,
     )
-    from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
 
-    tokenizer = T5Tokenizer(vocab=_tiny_vocab(), extra_ids=0)
-    text_encoder = UMT5EncoderModel(
-        UMT5Config(
-            vocab_size=len(tokenizer),
-            d_model=_TINY_TEXT_DIM,
-            d_kv=8,
-            d_ff=64,
-            num_layers=2,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.pad_token_id,
-        )
+    tokenizer, text_encoder = _text_encoder(
+        d_model=_TINY_TEXT_DIM, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8
     )
     vae = AutoencoderKLWan(
         base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
