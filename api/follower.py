@@ -78,6 +78,7 @@ class RunState:
     """What a run reported so far (stage times, latest progress) and where its event log was read."""
 
     cursor: str | None = None
+    stage: str | None = None  # the last stage the run entered (its events, in order)
     stage_times: dict[str, float] = field(default_factory=dict)
     progress: dict[str, Any] | None = None
 
@@ -318,9 +319,9 @@ class Follower:
         if run.status in _FAILED:
             self._failed(job, run)
             return
-        stage = run.tags.get(stages.STAGE_TAG, stages.QUEUED)
-        status = api_status(run.status, stage)
         live = self._live(run)
+        stage = self._states[run.run_id].stage or stages.QUEUED
+        status = api_status(run.status, stage)
         if status != job.status or stage != job.stage or live != (job.live or {}):
             self.store.update_status(job.version_id, status=status, stage=stage, live=live)
 
@@ -331,8 +332,10 @@ class Follower:
         for event in events:
             meta = event.metadata
             stage, at = meta.get(stages.STAGE_EVENT), meta.get(stages.AT_EVENT)
-            if isinstance(stage, str) and isinstance(at, int | float):
-                state.stage_times[stage] = float(at)
+            if isinstance(stage, str):
+                state.stage = stage
+                if isinstance(at, int | float):
+                    state.stage_times[stage] = float(at)
             progress = meta.get(stages.PROGRESS_EVENT)
             if isinstance(progress, str):
                 state.progress = json.loads(progress)

@@ -140,8 +140,11 @@ def operator_router(ctx: ApiContext) -> APIRouter:
         }  # fmt: skip
 
     @router.post("/works/{work_id}/cancel")
-    async def cancel_work(work_id: str) -> dict[str, Any]:
-        jobs = await run_in_threadpool(ctx.jobs.cancel_work, work_id)
+    async def cancel_work(
+        work_id: str,
+        who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
+    ) -> dict[str, Any]:
+        jobs = await run_in_threadpool(ctx.jobs.cancel_work, work_id, who)
         return {"work_id": work_id, "cancelled": [j.version_id for j in jobs]}
 
     return router

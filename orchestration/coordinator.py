@@ -57,6 +57,7 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
         if self._control is None or not self.has_instance:
             return config
         self._apply_priorities()
+        self._record_notes()
         paused = self._control.paused()
         if (paused is not None) != bool(self._was_paused):
             self._record_pause(paused)
@@ -91,6 +92,13 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
                 self._instance.report_engine_event(
                     f"Queue priority set to {priority} by {request.get('by', 'an operator')}", run
                 )
+            path.unlink(missing_ok=True)
+
+    def _record_notes(self) -> None:
+        for run_id, message, path in self._control.notes():
+            run = self._instance.get_run_by_id(run_id)
+            if run is not None:
+                self._instance.report_engine_event(message, run)
             path.unlink(missing_ok=True)
 
     def _record_pause(self, paused: dict[str, Any] | None) -> None:

@@ -2,7 +2,8 @@
 run coordinator (which applies them on its next dequeue, and records each as a run event).
 
 State lives in files under ``<state_dir>/queue`` (the control plane's host): ``paused.json`` while
-intake to the devices is paused, and one ``priority/<run id>.json`` per pending priority change
+intake to the devices is paused, one ``priority/<run id>.json`` per pending priority change, and
+one ``notes/<time>-<run id>.json`` per operator action to record on a run that left the queue
 (written atomically; applied once, then removed). No torch, no Dagster imports.
 """
 
@@ -56,6 +57,24 @@ class QueueControl:
             try:
                 out.append((path.stem, json.loads(path.read_text()), path))
             except (OSError, ValueError):
+                continue
+        return out
+
+    def note(self, run_id: str, message: str) -> None:
+        """Record ``message`` as an event on the run (an operator action the queue did not make)."""
+        _write(
+            self.root / "notes" / f"{time.time_ns()}-{run_id}.json", {"run_id": run_id, "message": message}
+        )
+
+    def notes(self) -> list[tuple[str, str, Path]]:
+        """Pending notes, oldest first: (run id, message, its file to remove once recorded)."""
+        folder = self.root / "notes"
+        out = []
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+            try:
+                data = json.loads(path.read_text())
+                out.append((data["run_id"], data["message"], path))
+            except (OSError, ValueError, KeyError):
                 continue
         return out
 

@@ -8,6 +8,7 @@ schedule and the tick's time; the same key is the API's idempotency key, so a ti
 shot twice). An operator runs it from the Launchpad with the same config.
 """
 
+import hashlib
 import os
 
 import httpx
@@ -81,25 +82,30 @@ def _value(v):
     return getattr(v, "value", v)  # a MetadataValue, or a plain value
 
 
-def stale_shots(instance, loaded: str, limit: int = 10_000) -> dict[str, list[str]]:
-    """{work: [shot, ...]} whose newest materialization was made with another checkpoint."""
-    newest: dict[str, tuple[str, str, str]] = {}
+def stale_shots(instance, loaded: str, limit: int = 10_000) -> dict[str, dict[str, str]]:
+    """{work: {shot: version}} of the shots whose newest materialization was made with another
+    checkpoint (the version is the service version that materialization is)."""
+    newest: dict[str, tuple[str, str, str, str]] = {}
     for record in instance.fetch_materializations(SHOT_KEY, limit=limit).records:  # newest first
         mat = record.asset_materialization
         if mat is None or mat.partition is None or mat.partition in newest:
             continue
         meta = mat.metadata
-        newest[mat.partition] = tuple(_value(meta.get(k)) for k in ("work_id", "shot_id", "checkpoint"))
-    out: dict[str, list[str]] = {}
-    for work, shot, made in newest.values():
+        newest[mat.partition] = tuple(
+            _value(meta.get(k)) or "" for k in ("work_id", "shot_id", "checkpoint", "version_id")
+        )
+    out: dict[str, dict[str, str]] = {}
+    for work, shot, made, version in newest.values():
         if made and made != loaded and work and shot:
-            out.setdefault(work, []).append(shot)
-    return {w: sorted(s) for w, s in sorted(out.items())}
+            out.setdefault(work, {})[shot] = version
+    return {w: dict(sorted(s.items())) for w, s in sorted(out.items())}
 
 
 def checkpoint_sensor(loaded: str, priority: int, interval_s: int = 60):
-    """Re-render the shots made with another checkpoint than the loaded one (once per work and
-    checkpoint: the run key), through the same job as the schedules. Evaluated in the code server."""
+    """Re-render the shots made with another checkpoint than the loaded one, through the same job
+    as the schedules. Evaluated in the code server. The run key names the work, the checkpoint and
+    the stale shots' versions: a shot that goes stale later asks again, while a re-render that
+    failed (its shot still stale at the same version) is not asked over and over."""
 
     @sensor(
         name=CHECKPOINT_SENSOR,
@@ -109,10 +115,11 @@ def checkpoint_sensor(loaded: str, priority: int, interval_s: int = 60):
     )
     def on_new_checkpoint(context: SensorEvaluationContext):
         for work, shots in stale_shots(context.instance, loaded).items():
-            key = f"checkpoint:{loaded}:{work}"
+            made = ",".join(f"{shot}={version}" for shot, version in shots.items())
+            key = f"checkpoint:{loaded}:{work}:{hashlib.sha256(made.encode()).hexdigest()[:16]}"
             config = {
                 "works": [work],
-                "shots": shots,
+                "shots": list(shots),
                 "seed": "keep",
                 "priority": priority,
                 "reason": "new-checkpoint",

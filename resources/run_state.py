@@ -1,4 +1,4 @@
-"""Where a run's stages and progress are recorded: the visible stage tag, hidden tags (read by the
+"""Where a run's stages and progress are recorded: hidden tags (read by the
 launcher, workers and tests through the instance), and a run event per change (shown on the run
 page, read incrementally by GraphQL clients). See :mod:`shotloom.stages`."""
 

@@ -4,7 +4,7 @@ An operator filters runs by a few visible tags; everything else a run records ab
 is for reading, not filtering, and stays out of the UI's tag lists (tags under Dagster's hidden
 prefix ``.dagster/`` are kept with the run but never listed, in the UI or over GraphQL):
 
-    shotloom/stage                          the current stage (visible: "which runs are decoding")
+    .dagster/shotloom.stage                 the current stage
     .dagster/shotloom.stage_at.<stage>      unix time the run last entered <stage>
     .dagster/shotloom.progress              JSON {"stage", "done", "total"}
     .dagster/shotloom.admission_plan        JSON of the worker's admission plan for this run
@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 import time
 
-STAGE_TAG = "shotloom/stage"
 VERSION_TAG = "shotloom/version_id"  # the service version a run makes (set by the API on every run)
 # Dagster's prefix for tags it keeps but never lists (one '/' per key: Dagster's tag key rule).
 HIDDEN = ".dagster/shotloom."
+STAGE_TAG = HIDDEN + "stage"  # hidden: a run's stage changes; the Dagster UI filters by status
 STAGE_AT_PREFIX = HIDDEN + "stage_at."
 PROGRESS_TAG = HIDDEN + "progress"
 ADMISSION_TAG = HIDDEN + "admission_plan"

@@ -73,14 +73,40 @@ def test_the_checkpoint_sensor_rerenders_shots_made_with_another_checkpoint(tmp_
 
         sensor = checkpoint_sensor("wan:new", priority=-20)
         assert sensor.name == CHECKPOINT_SENSOR
-        requests = sensor.evaluate_tick(build_sensor_context(instance=instance)).run_requests
-        configs = {r.run_key: r.run_config["ops"]["rerender_op"]["config"] for r in requests}
-        assert set(configs) == {"checkpoint:wan:new:ad", "checkpoint:wan:new:film"}
-        film = configs["checkpoint:wan:new:film"]
+
+        def ask() -> dict:
+            requests = sensor.evaluate_tick(build_sensor_context(instance=instance)).run_requests
+            return {r.run_config["ops"]["rerender_op"]["config"]["works"][0]: r for r in requests}
+
+        first = ask()
+        assert set(first) == {"ad", "film"}
+        film = first["film"].run_config["ops"]["rerender_op"]["config"]
+        assert first["film"].run_key == film["key"] and film["key"].startswith("checkpoint:wan:new:film:")
         assert (film["works"], film["shots"], film["priority"], film["reason"]) == (
             ["film"],
             ["s1"],
             -20,
             "new-checkpoint",
         )
+        # The same stale shots ask with the same key (Dagster launches a run key once); a shot of
+        # the work that goes stale later asks anew.
+        assert {w: r.run_key for w, r in ask().items()} == {w: r.run_key for w, r in first.items()}
+        partition = register_shot_partition(instance, "film", "s3")
+        meta = {"work_id": "film", "shot_id": "s3", "checkpoint": "wan:old", "version_id": "v-s3"}
+        instance.report_runless_asset_event(
+            AssetMaterialization(SHOT_KEY, partition=partition, metadata=meta)
+        )
+        later = ask()
+        assert later["film"].run_key != first["film"].run_key and later["ad"].run_key == first["ad"].run_key
+        assert later["film"].run_config["ops"]["rerender_op"]["config"]["shots"] == ["s1", "s3"]
+
+    base = {
+        "state_dir": str(tmp_path),
+        "inference": {"config": "configs/inference.wan-tiny.yaml"},
+        "workers": {"devices": [{"device": "cpu"}]},
+    }
+    assert sensors_for(ServerConfig.model_validate(base), "wan:new") == []  # off unless configured
+    on = ServerConfig.model_validate({**base, "rerender_on_checkpoint_change": True, "rerender_priority": -7})
+    [sensor] = sensors_for(on, "wan:new")
+    assert sensor.name == CHECKPOINT_SENSOR
     assert sensors_for(None, "wan:new") == []

@@ -249,8 +249,31 @@ class JobService:
     def check_capabilities(self, spec: ShotSpec, caps: Capabilities) -> None:
         """What the model cannot do is refused now, not as a failed run later (paths are
         placeholders: only their presence matters here)."""
+        try:
+            caps.check(self._placeholder_request(spec, caps, spec.memory))
+        except CapabilityError as exc:
+            field = self._client_field(spec, exc.field)
+            if exc.field == "memory":  # a count: name characters when they, not the images, went over
+                characters = [s for s in spec.memory if s.character_id is not None]
+                others = tuple(s for s in spec.memory if s.character_id is None)
+                if characters and self._passes(caps, self._placeholder_request(spec, caps, others)):
+                    field = characters[0].field.split("[", 1)[0]
+            raise InvalidField(str(exc).split(": ", 1)[-1], field) from None
+
+    @staticmethod
+    def _passes(caps: Capabilities, gen: GenerationRequest) -> bool:
+        try:
+            caps.check(gen)
+        except CapabilityError:
+            return False
+        return True
+
+    def _placeholder_request(
+        self, spec: ShotSpec, caps: Capabilities, memory: tuple[MemoryRef, ...]
+    ) -> GenerationRequest:
+        """The engine's request for ``spec`` with ``memory`` as its slots (paths are placeholders)."""
         d, here = self.defaults, Path(".")
-        gen = GenerationRequest(
+        return GenerationRequest(
             prompt=spec.prompt,
             width=spec.width or d.width,
             height=spec.height or d.height,
@@ -265,17 +288,13 @@ class JobService:
             first_frame=here if spec.first_frame or spec.extends else None,
             last_frame=here if spec.last_frame else None,
             # An extension has its source in memory too (counted against the family's limit).
-            memory=tuple(MemorySlot(here, here if s.audio else None) for s in spec.memory)
+            memory=tuple(MemorySlot(here, here if s.audio else None) for s in memory)
             + ((MemorySlot(here),) if spec.extends else ()),
             source_video=here if spec.source else None,
             strength=spec.strength,
             lora=spec.lora,
             lora_scale=spec.lora_scale,
         )
-        try:
-            caps.check(gen)
-        except CapabilityError as exc:
-            raise InvalidField(str(exc).split(": ", 1)[-1], self._client_field(spec, exc.field)) from None
 
     @staticmethod
     def _client_field(spec: ShotSpec, engine_field: str) -> str:
@@ -532,6 +551,8 @@ class JobService:
             config = request["run_config"]["ops"]["condition_op"]["config"]
             if seed == "new":
                 config["seed"] = secrets.randbelow(2**32)
+            elif config.get("seed") is None and (job.result or {}).get("seed") is not None:
+                config["seed"] = int(job.result["seed"])  # unseeded: keep the one the worker drew
             self._renew_shot_memory(job, request, config)
             made_from = config.setdefault("lineage", {"inputs": {}, "derived_from": []})
             made_from["derived_from"] = sorted({*made_from.get("derived_from", []), job.version_id})
@@ -577,9 +598,14 @@ class JobService:
         kept = {k: v for k, v in config.get("lineage", {}).items() if k not in ("inputs", "derived_from")}
         config["lineage"] = {**lineage(request.get("inputs", {}), config.get("lora")), **kept}
 
-    def cancel_work(self, work_id: str) -> list[JobRecord]:
-        """Cancel every queued job of a work (running ones go on)."""
-        return [self.cancel(job.version_id) for job in self.store.queued_of_work(work_id)]
+    def cancel_work(self, work_id: str, by: str) -> list[JobRecord]:
+        """Cancel every queued job of a work (running ones go on); each run says who and why."""
+        out = []
+        for job in self.store.queued_of_work(work_id):
+            if job.run_id is not None:
+                self.queue.note(job.run_id, f"Cancelled by {by} with every queued job of work {work_id}")
+            out.append(self.cancel(job.version_id))
+        return out
 
     def delete(self, version_id: str) -> JobRecord:
         """Remove a finished job, its artifacts and files. Unfinished jobs: Conflict."""
