@@ -10,14 +10,22 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from api.context import ApiContext
 from api.deps import submitter_dependency
 from api.health import health_router
 from api.media_routes import media_router
-from api.openai.errors import OpenAIError, is_openai_path, openai_error_response, validation_error_response
+from api.openai.errors import (
+    OpenAIError,
+    http_error,
+    is_openai_path,
+    openai_error_response,
+    validation_error_response,
+)
 from api.openai.router import openai_router, openai_submitter
 from api.openai.serving import VideoServing
 from api.openapi import install as install_openapi
@@ -53,6 +61,15 @@ def create_app(ctx: ApiContext) -> FastAPI:
         if is_openai_path(request.url.path):
             return validation_error_response(exc.errors())
         return JSONResponse(validation_error_body(exc.errors()), status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> Response:
+        """No such route (404), a wrong method (405): the envelope under /v1; elsewhere Starlette's
+        own ``{"detail"}`` (which /media's 404 matches on purpose)."""
+        if is_openai_path(request.url.path):
+            err = http_error(exc.status_code, request.method, request.url.path, exc.detail, exc.headers)
+            return openai_error_response(err)
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(ApiError)
     async def _r2v_error(_request: Request, exc: ApiError) -> JSONResponse:

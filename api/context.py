@@ -37,3 +37,4 @@ class ApiContext:
             self.retention = Retention(self.store, self.jobs, self.api.openai)
 
     health_cache: tuple[float, dict[str, Any]] | None = field(default=None, repr=False)
+    health_was_ok: bool = field(default=False, repr=False)  # /health has answered ok once

@@ -1,6 +1,8 @@
 """``GET /health``: the service is ready when the API, the Dagster webserver and daemon, and every
 configured device and media worker are up (503 otherwise, with what is missing); both dialects share
-it."""
+it. ``status``: ``ok`` (200); ``starting`` (503) while parts are still coming up; ``degraded`` (503)
+once a part is gone: a worker that vanished, stopped or is stopping, or any part down after the
+service had been ``ok``."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.context import ApiContext
 
 HEALTH_CACHE_S = 1.0  # /health is polled by admission loops: ask Dagster at most once a second
+# Worker states that mean it is gone (the follower's ``unreachable``/``stopped``, the worker's own
+# ``stopping``), as opposed to not up yet (``unregistered``, ``starting``, ``warming``).
+GONE = frozenset({"unreachable", "stopped", "stopping"})
 
 
 class InferenceHealth(BaseModel):
@@ -51,6 +56,17 @@ def missing_encoders() -> list[str]:
         except Exception:
             missing.append(name)
     return missing
+
+
+def health_status(ready: dict[str, bool], workers: list[dict[str, Any]], was_ok: bool) -> str:
+    """``ok`` when every part is ready; else ``degraded`` when a part is gone (a worker in
+    :data:`GONE`, or anything down once the service has been ``ok``), ``starting`` otherwise (the
+    API, Dagster or workers still coming up)."""
+    if all(ready.values()):
+        return "ok"
+    if ready.get("api") and (was_ok or any(w.get("state") in GONE for w in workers)):
+        return "degraded"
+    return "starting"
 
 
 def health_router(ctx: ApiContext) -> APIRouter:
@@ -117,8 +133,10 @@ def health(ctx: ApiContext) -> dict[str, Any]:
     }
     queues = {kind: ctx.store.counts_by_status(kind) for kind in ("r2v", "merge")}
     busy = sum(1 for w in workers if w["state"] == "busy")
+    status = health_status(ready, [*workers, *media], ctx.health_was_ok)
+    ctx.health_was_ok = ctx.health_was_ok or status == "ok"
     body = HealthResponse(
-        status="ok" if all(ready.values()) else "starting",
+        status=status,
         inference={
             "enabled": bool(workers),
             "workers": workers,

@@ -28,6 +28,9 @@ _SHARED = {"health"}
 # Fields of the JSON body that a multipart form carries under bracketed keys, and file parts.
 _NESTED = ("video_params", "image_reference", "lora", "extra_params", "characters", "guides")
 _FILES = ("input_reference", "first_frame", "last_frame")
+# The documented names of guides' file parts, guide_0, guide_1... (the server takes any name
+# that guides lists, but for the keyframe fields).
+GUIDE_PART = r"^guide_[0-9]{1,3}$"
 _BY_ID = {  # {"id": ...} of a completed video
     "type": "object",
     "properties": {"id": {"type": "string", "pattern": "^video_[0-9a-f]{32}$"}},
@@ -108,7 +111,8 @@ def _form_schema(json_schema: dict[str, Any]) -> dict[str, Any]:
         "POST /v1/videos as multipart/form-data, as the openai SDK sends it: the JSON body's fields "
         "as form fields, every value a string; nested objects and lists under bracketed keys "
         "(video_params[fps], image_reference[][image_url], extra_params[work_id]); input_reference, "
-        "first_frame and last_frame may be file parts. It means what the same JSON body means."
+        "first_frame and last_frame may be file parts. It means what the same JSON body means. "
+        "Guides are multipart only: file parts (guide_0, ...) listed in the guides field as JSON."
     )
     props = form["properties"]
     for name in _NESTED:
@@ -120,7 +124,17 @@ def _form_schema(json_schema: dict[str, Any]) -> dict[str, Any]:
     for name in _FILES:
         url = {"type": "string", "pattern": URL_PATTERN}
         props[name] = {"anyOf": [{"type": "string", "format": "binary"}, url], "title": props[name]["title"]}
-    form["patternProperties"] = {rf"^({'|'.join(_NESTED)})\[": {"type": "string"}}
+    props["guides"] = {
+        "type": "string",
+        "title": "Guides",
+        "description": 'A JSON list of {"file": a file part\'s name, "frame": the clip frame it starts at '
+        '(below 0 from the end), "kind": "video" (an image, or a video with its sound) or "audio" '
+        "(a sound alone)}. Refused where the model cannot condition on frames (or sounds).",
+    }
+    form["patternProperties"] = {
+        rf"^({'|'.join(_NESTED)})\[": {"type": "string"},
+        GUIDE_PART: {"type": "string", "format": "binary", "description": "A guide's file, named in guides."},
+    }
     form["additionalProperties"] = False
     return form
 

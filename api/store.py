@@ -922,6 +922,22 @@ class Store:
                 out.append(finished - start)
         return out
 
+    def recent_stage_times(self, limit: int) -> list[tuple[dict[str, float], float]]:
+        """(stage_times, finished_at) of the newest succeeded shots that recorded stage times."""
+        with self._read() as s:
+            rows = s.execute(
+                select(Job.live, Job.finished_at)
+                .where(Job.kind == "r2v", Job.status == "succeeded", Job.finished_at.is_not(None))
+                .order_by(Job.finished_at.desc())
+                .limit(limit)
+            ).all()
+        out = []
+        for live, finished in rows:
+            times = (live or {}).get("stage_times") or {}
+            if times:
+                out.append(({k: float(v) for k, v in times.items()}, finished))
+        return out
+
     def oldest_running_start(self) -> float | None:
         """When the longest-running shot started (claimed by a worker), if any runs."""
         with self._read() as s:

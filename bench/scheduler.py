@@ -335,7 +335,7 @@ class Stack:
         from orchestration.launcher import WorkerError, call_worker, read_workers
 
         out = {}
-        for record in read_workers(self.state):
+        for record in read_workers(self.state, "device"):
             try:
                 out[record.name] = call_worker(record.url, "/status", timeout=2)
             except WorkerError:

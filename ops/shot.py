@@ -31,7 +31,7 @@ from resources.media_store import MediaStoreResource
 from resources.model_runtime import ModelRuntimeResource
 from shotloom import stages
 from shotloom.capabilities import CapabilityError
-from shotloom.request import GenerationRequest, MemorySlot
+from shotloom.request import GenerationRequest, Guide, MemorySlot
 from shotloom.stages import VERSION_TAG
 
 PROGRESS_TAG_INTERVAL_S = 0.5  # progress tags are DB writes: at most two a second (plus the last)
@@ -40,6 +40,13 @@ PROGRESS_TAG_INTERVAL_S = 0.5  # progress tags are DB writes: at most two a seco
 class MemorySlotConfig(Config):
     image: str = Field(description="Image file (absolute, or relative to the media root).")
     audio: str | None = Field(default=None, description="Optional audio file beside the image.")
+
+
+class GuideConfig(Config):
+    path: str = Field(description="Image, video or audio file (absolute, or relative to the media root).")
+    frame: int = Field(description="The clip frame it starts at, 0..num_frames-1.")
+    kind: str = Field(default="video", description="video (an image or a video) or audio (a sound alone).")
+    with_audio: bool = Field(default=False, description="A guide video's sound conditions the audio too.")
 
 
 class ShotConfig(Config):
@@ -66,6 +73,9 @@ class ShotConfig(Config):
     )
     lora: str | None = Field(default=None, description="A LoRA adapter of the inference YAML, by name.")
     lora_scale: float | None = Field(default=None, description="Its scale; default: the configured one.")
+    guides: list[GuideConfig] = Field(
+        default_factory=list, description="Images, videos and sounds anchored at frames of the clip."
+    )
     lineage: dict[str, Any] = Field(
         default_factory=dict,
         description="What the shot is made from: inputs (content hashes, the versions and characters "
@@ -160,9 +170,10 @@ def condition_op(
         strength=config.strength,
         lora=config.lora,
         lora_scale=config.lora_scale,
+        guides=[Guide(path(g.path), g.frame, g.kind, g.with_audio) for g in config.guides],
     )
     try:
-        rt.check(req)
+        req = rt.check(req)  # with its guides measured
     except (CapabilityError, FileNotFoundError) as exc:
         # The request itself is wrong: fail clearly and never retry it.
         raise Failure(

@@ -38,6 +38,9 @@ def conditioning_key(encoder_identity: str, req: GenerationRequest) -> str:
         "memory": [[digest(m.image), digest(m.audio)] for m in req.memory],
         "source_video": digest(req.source_video),
     }
+    if req.guides:  # only then: keys of requests without guides stay what they were
+        # Each guide's bytes, where it sits and what it is (its measured span derives from them).
+        material["guides"] = [[digest(g.path), g.frame, g.kind, g.with_audio] for g in req.guides]
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 

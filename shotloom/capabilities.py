@@ -32,7 +32,11 @@ class Capabilities:
     # Family rules that depend on the clip's length, here so the API refuses them at admission:
     references_per_latent_frame: bool = False  # at most one reference per latent frame (Wan VACE)
     anchors_need_two_latent_frames: bool = False  # last frame / references need num_frames > multiple
-    max_audio_references: int | None = None  # memory slots that may carry audio (None: no limit)
+    max_audio_references: int | None = None  # audio tracks the family conditions on (None: no limit)
+    # Guides anchored at chosen frames: images and videos (frame_guides), sounds (audio_guides).
+    frame_guides: bool = False
+    audio_guides: bool = False
+    max_guides: int = 16
 
     def check(self, req: GenerationRequest) -> None:
         """Raise CapabilityError naming the first field outside these capabilities."""
@@ -94,4 +98,60 @@ class Capabilities:
             raise CapabilityError(
                 f"memory[{with_audio[self.max_audio_references]}].audio",
                 f"at most {self.max_audio_references} memory slot(s) may carry audio for this model",
+            )
+        if req.guides:
+            self._check_guides(req, [f"memory[{i}].audio" for i in with_audio])
+
+    def _check_guides(self, req: GenerationRequest, audio_sources: list[str]) -> None:
+        """Each guide's kind, frame and span; no two frame anchors on the same frame; at most
+        ``max_audio_references`` audio tracks counting the guides' sounds."""
+        n = req.num_frames
+        if len(req.guides) > self.max_guides:
+            raise CapabilityError("guides", f"at most {self.max_guides} guides, got {len(req.guides)}")
+        taken: list[tuple[int, int, str]] = []  # [start, end) of the frames each anchor holds
+        if req.first_frame is not None:
+            taken.append((0, 1, "first_frame"))
+        if req.last_frame is not None:
+            taken.append((n - 1, n, "last_frame"))
+        sources = list(audio_sources)
+        for i, guide in enumerate(req.guides):
+            field = f"guides[{i}]"
+            if guide.kind == "audio":
+                if not self.audio_guides:
+                    raise CapabilityError(
+                        f"{field}.kind", "this model cannot condition on a sound at a frame"
+                    )
+            elif guide.kind == "video":
+                if not self.frame_guides:
+                    raise CapabilityError(field, "this model cannot condition on frames at chosen positions")
+            else:
+                raise CapabilityError(f"{field}.kind", f"must be video or audio, got {guide.kind!r}")
+            if not 0 <= guide.frame < n:
+                raise CapabilityError(
+                    f"{field}.frame", f"must be within 0..{n - 1} (the clip's frames), got {guide.frame}"
+                )
+            if guide.kind == "audio" or guide.with_audio:
+                if not self.audio_guides:
+                    raise CapabilityError(field, "this model cannot condition on a guide's sound")
+                sources.append(field)
+            if guide.kind == "video":
+                span = guide.frames or 1
+                end = guide.frame + span
+                if end > n:
+                    raise CapabilityError(
+                        field,
+                        f"its {span} frames from frame {guide.frame} do not fit in the clip's {n} frames",
+                    )
+                other = next((name for s, e, name in taken if s < end and guide.frame < e), None)
+                if other is not None:
+                    raise CapabilityError(
+                        f"{field}.frame", f"frames {guide.frame}..{end - 1} overlap those of {other}"
+                    )
+                taken.append((guide.frame, end, field))
+        most = self.max_audio_references
+        if most is not None and len(sources) > most:
+            raise CapabilityError(
+                sources[most],
+                f"at most {most} audio track(s) condition this model (memory audio and guide sounds "
+                f"together), got {len(sources)}",
             )

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
+
+GuideKind = Literal["video", "audio"]
 
 
 @dataclass(frozen=True)
@@ -12,6 +15,25 @@ class MemorySlot:
 
     image: Path
     audio: Path | None = None
+
+
+@dataclass(frozen=True)
+class Guide:
+    """Media anchored at a frame of the clip.
+
+    ``kind`` video: an image (one frame) or a video (its frames, one per clip frame, from ``frame``
+    on; they must fit in the clip), whose sound also conditions the clip's audio when
+    ``with_audio``. ``kind`` audio: a sound alone, starting at ``frame``'s time (cut at the clip's
+    end). ``frame`` is resolved: 0..num_frames-1. ``frames`` is how many clip frames a video-kind
+    guide covers (1 for an image), measured from the file (:func:`shotloom.guides.measure`);
+    None until measured (the family checks the fit when it reads the frames).
+    """
+
+    path: Path
+    frame: int
+    kind: GuideKind = "video"
+    with_audio: bool = False
+    frames: int | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +58,8 @@ class GenerationRequest:
     # A configured LoRA adapter (by name) and its scale; None: the base weights alone.
     lora: str | None = None
     lora_scale: float | None = None
+    # Frame-anchored guides (images, videos, sounds), in request order (refusals say guides[i]).
+    guides: tuple[Guide, ...] = field(default_factory=tuple)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -44,6 +68,7 @@ class GenerationRequest:
         data["memory"] = [
             {"image": str(m.image), "audio": str(m.audio) if m.audio else None} for m in self.memory
         ]
+        data["guides"] = [{**asdict(g), "path": str(g.path)} for g in self.guides]
         return data
 
     @classmethod
@@ -55,6 +80,7 @@ class GenerationRequest:
             MemorySlot(Path(m["image"]), Path(m["audio"]) if m.get("audio") else None)
             for m in data.get("memory", [])
         )
+        data["guides"] = tuple(Guide(**{**g, "path": Path(g["path"])}) for g in data.get("guides", []))
         return cls(**data)
 
     @property

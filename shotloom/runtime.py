@@ -21,7 +21,8 @@ from shotloom.bundle import TensorBundle
 from shotloom.cache import ConditioningCache, conditioning_key
 from shotloom.config import InferenceConfig, MemoryEstimates, load_inference_config
 from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress
-from shotloom.request import GenerationRequest, MemorySlot
+from shotloom.guides import measured
+from shotloom.request import GenerationRequest, Guide, MemorySlot
 
 # on_stage(name): told when a generation enters one of shotloom.stages' stages (the ops record it).
 OnStage = Callable[[str], None]
@@ -232,6 +233,7 @@ class ModelRuntime:
         strength: float | None = None,
         lora: str | None = None,
         lora_scale: float | None = None,
+        guides: list[Guide] | tuple[Guide, ...] = (),
     ) -> GenerationRequest:
         """Fill unset fields from the inference YAML's defaults (never rounds what was asked)."""
         d = self.cfg.defaults
@@ -251,14 +253,20 @@ class ModelRuntime:
             strength=(strength if strength is not None else d.strength) if source_video else strength,
             lora=lora,
             lora_scale=lora_scale,
+            guides=tuple(guides),
         )
 
-    def check(self, req: GenerationRequest) -> None:
+    def check(self, req: GenerationRequest) -> GenerationRequest:
+        """Refuse what the family cannot do (CapabilityError naming the field) or a missing input
+        file; answers the request with its guides measured (``shotloom.guides.measured``)."""
         memory = [p for m in req.memory for p in (m.image, m.audio)]
-        for path in [req.first_frame, req.last_frame, req.source_video, *memory]:
+        guides = [g.path for g in req.guides]
+        for path in [req.first_frame, req.last_frame, req.source_video, *memory, *guides]:
             if path is not None and not Path(path).is_file():
                 raise FileNotFoundError(f"input file not found: {path}")
+        req = measured(req)
         self.adapter.check(req)
+        return req
 
     def condition(self, req: GenerationRequest, on_stage: OnStage = _quiet) -> tuple[TensorBundle, bool]:
         """Conditioning bundle from the cache, or from the encoders (then cached).
@@ -332,7 +340,7 @@ class ModelRuntime:
         with timings.stage("load"):
             self.adapter  # noqa: B018 - load weights before timing the stages
         with timings.stage("check"):
-            self.check(req)
+            req = self.check(req)
         with timings.stage("condition"):
             cond, hit = self.condition(req)
         with timings.stage("denoise"):

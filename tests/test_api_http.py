@@ -8,6 +8,7 @@ shots earlier ones produced (memory by shot_id, merge).
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import os
@@ -76,12 +77,17 @@ def receiver():
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory, wan_checkpoint) -> ApiStack:
+    from shotloom.families.weights import build_tiny_lora
+
     root = tmp_path_factory.mktemp("api")
     (root / "allowed").mkdir()
+    # A LoRA adapter in the server YAML (real diffusers LoRA files, random weights) for `lora`.
+    adapters = [{"name": "anime", "path": str(build_tiny_lora(wan_checkpoint, root / "anime", seed=1))}]
     stack = start_api_stack(
         root,
         wan_checkpoint,
         api={"callback_backoff_seconds": 0.2, "inputs": {"allowed_roots": [str(root / "allowed")]}},
+        adapters=adapters,
     )
     try:
         yield stack
@@ -233,6 +239,47 @@ def test_a_source_video_slot_runs_video_to_video_from_an_earlier_version(api):
     assert done["status"] == "succeeded", done["error"]
     assert done["request"]["inputs"]["memory_slots[0].version_id"]["version_id"] == s1
     assert done["result"]["frames"] == 17
+
+
+def video_digest(version: dict) -> str:
+    return next(a["sha256"] for a in version["artifacts"] if a["kind"] == "video")
+
+
+def test_a_shot_with_a_configured_lora_runs_end_to_end(api):
+    plain = api.post("/r2v", shot("lora-base", prompt="a detective in the rain"))
+    styled = api.post(
+        "/r2v", shot("lora-anime", prompt="a detective in the rain", lora={"name": "anime", "scale": 0.8})
+    )
+    assert plain.status_code == styled.status_code == 202, styled.text
+    base, done = (api.wait_version(r.json()["version_id"]) for r in (plain, styled))
+    assert base["status"] == done["status"] == "succeeded", done["error"]
+    assert done["request"]["lora"] == {"name": "anime", "scale": 0.8}
+    [art] = [a for a in done["artifacts"] if a["kind"] == "video"]
+    assert art["metadata"]["adapter"] == "anime"  # recorded on the shot's materialization
+    assert done["result"]["frames"] == 17
+    assert video_digest(done) != video_digest(base)  # same prompt and seed: the adapter changed it
+
+
+def test_a_source_video_slot_by_video_url_runs_video_to_video(api):
+    from shotloom.media import file_sha256, write_mp4
+
+    frames = np.zeros((17, 64, 64, 3), np.uint8)
+    for i in range(17):
+        frames[i, 20:40, 2 * i : 2 * i + 20] = (255, 255, 0)  # a square crossing the frame
+    source = api.state.parent / "allowed" / "source.mp4"  # under the stack's api.inputs.allowed_roots
+    write_mp4(source, frames, 16, None, None)
+    slot = {"video_url": source.as_uri(), "strength": 0.5}
+    from_video = api.post("/r2v", shot("v2v-url", prompt="a yellow kite", memory_slots=[slot]))
+    text_only = api.post("/r2v", shot("v2v-url-text", prompt="a yellow kite"))
+    assert from_video.status_code == text_only.status_code == 202, from_video.text
+    done, alone = (api.wait_version(r.json()["version_id"]) for r in (from_video, text_only))
+    assert done["status"] == alone["status"] == "succeeded", done["error"]
+    used = done["request"]["inputs"]["memory_slots[0].video_url"]
+    assert used["sha256"] == file_sha256(source) and used["media_type"] == "video/mp4"
+    assert done["inputs"]["memory_slots[0].video_url"] == {"sha256": file_sha256(source)}
+    assert done["request"]["memory_slots"] == [slot] and done["derived_from"] == []
+    assert done["result"]["frames"] == 17
+    assert video_digest(done) != video_digest(alone)  # same prompt and seed: the source changed it
 
 
 def test_a_character_is_a_memory_slot_of_an_r2v_shot(api):
@@ -433,6 +480,8 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
         shots[version] = shot.metadata
     s1, s4 = (shots[v] for v in versions)
     assert s1["derived_from"] == [] and s1["checkpoint"] and s1["version_id"] == versions[0]
+    first_frame = base64.b64decode(png_data_url(1).split(",", 1)[1])
+    assert s1["inputs"]["condition_img"]["sha256"] == hashlib.sha256(first_frame).hexdigest()
     assert s4["derived_from"] == [versions[0]]  # s4 took s1 as memory
     slot = s4["inputs"]["memory_slots[0]"]
     assert slot["version_id"] == versions[0] and slot["shot_id"] == "s1" and len(slot["sha256"]) == 64

@@ -170,3 +170,21 @@ def test_the_api_process_never_imports_torch():
     code = "import sys, api.__main__; assert 'torch' not in sys.modules, 'torch imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_character_slots_count_against_the_reference_limit(tmp_path, store):
+    from api.core.specs import InputRef, SourceRef
+
+    intake, _ = make_intake(tmp_path, store, caps=WAN_LIKE)  # at most 3 references
+    clip = tmp_path / "clip.mp4"
+    write_mp4(clip, np.full((5, 32, 32, 3), 120, np.uint8), 16, None, None)
+    source = SourceRef("video", video=InputRef("video", upload=clip))
+    chars = [intake.jobs.create_character(f"c{i}", source, None).character_id for i in range(2)]
+    images = [{"image_url": png_url(i)} for i in range(2)]
+    characters = [{"character_id": c} for c in chars]
+
+    job = intake.accept_r2v(r2v(memory_slots=[images[0], *characters]), None).job
+    assert len(job.request["run_config"]["ops"]["condition_op"]["config"]["memory"]) == 3
+    # Over the limit because of the characters: they are memory slots of this dialect.
+    err = refused(lambda: intake.accept_r2v(r2v(memory_slots=[*images, *characters]), None), 422)
+    assert err.field == "memory_slots" and "at most 3 reference images, got 4" in err.message

@@ -8,6 +8,7 @@ back (MP4 with PyAV, stills with Pillow).
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import socket
@@ -20,7 +21,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from shotloom.media import probe
+from shotloom.media import probe, read_frames
 
 from api_stack import ApiStack, start_api_stack, stop_api_stack, wait_for
 
@@ -312,20 +313,50 @@ def test_unknown_video_and_unfinished_content(client, stack):
 
 
 def test_delete_queued_running_and_finished(client, stack):
-    # Fill both workers and the queue, then cancel one that is still queued.
-    videos = [client.videos.create(prompt=f"clip {i}", size="64x64", seconds="2") for i in range(4)]
+    from api.dagster_client import DagsterGateway
+
+    web = yaml.safe_load(stack.config.read_text())["webserver"]
+    dagster = DagsterGateway(web["host"], web["port"])
+
+    def run_of(video) -> str:
+        version = video.model_extra["shotloom"]["version_id"]
+        return wait_for(lambda: stack.get(f"/version/{version}").json().get("run_id"), 30, "the run")
+
+    def canceled_in_dagster(run_id: str) -> None:
+        wait_for(lambda: dagster.run(run_id).status == "CANCELED", 60, f"run {run_id} CANCELED")
+
+    # A long clip first (15 s: 241 frames, far from done whenever it is first seen running), then
+    # short ones that fill the other worker and the queue; cancel the last, still queued.
+    videos = [
+        client.videos.create(prompt=f"clip {i}", size="64x64", seconds=seconds)
+        for i, seconds in enumerate(("15", "2", "2", "2"))
+    ]
     last = videos[-1]
+    last_run = run_of(last)  # handed to Dagster: its queued run is canceled there too
     deleted = client.videos.delete(last.id)
     assert deleted.deleted is False and deleted.model_extra["status"] == "cancelled"
     assert client.videos.retrieve(last.id).status == "cancelled"
+    canceled_in_dagster(last_run)
 
-    # A running one: answered at once, stops at its next step; the workers survive.
-    running = wait_status(stack, videos[0].id, ("in_progress", "completed"))
-    if running["status"] == "in_progress":
-        deleted = client.videos.delete(videos[0].id)
-        assert deleted.deleted is False
-        done = wait_status(stack, videos[0].id, ("cancelled", "completed"))
-        assert done["status"] in ("cancelled", "completed")
+    # A running one: answered at once, stops at its next step or piece; its worker survives with
+    # its model (ready again, the weights not loaded again).
+    running = wait_status(stack, videos[0].id, ("in_progress", "completed", "failed"), timeout=300)
+    assert running["status"] == "in_progress", running
+    worker = wait_for(
+        lambda: stack.get(f"/v1/videos/{videos[0].id}").json()["shotloom"]["worker"], 30, "its worker"
+    )
+    loads = {w["name"]: w["loads"] for w in stack.get("/health").json()["inference"]["workers"]}
+    deleted = client.videos.delete(videos[0].id)
+    assert deleted.deleted is False and deleted.model_extra["status"] in ("in_progress", "cancelled")
+    done = wait_status(stack, videos[0].id, ("cancelled", "completed", "failed"))
+    assert done["status"] == "cancelled", done
+    canceled_in_dagster(run_of(videos[0]))
+
+    def ready_again():
+        found = next(w for w in stack.get("/health").json()["inference"]["workers"] if w["name"] == worker)
+        return found if found["ready"] else None
+
+    assert wait_for(ready_again, 60, f"{worker} ready again")["loads"] == loads[worker]
 
     # A finished one goes with its files; a cancelled one goes at the second DELETE.
     finished = wait_status(stack, videos[1].id, ("completed",))
@@ -449,6 +480,7 @@ def test_remix_keeps_size_length_and_seed_and_starts_from_the_source(client, sta
     assert ext["work_id"] == "sdk-work"  # the source's work: lineage stays in one work
     info = decode(client.videos.download_content(done.id).read(), tmp_path)
     assert (info.frames, info.width, info.height) == (17, 64, 64) and info.has_audio
+    assert abs(info.duration_s - 17 / 16) < 1e-3 and float(done.seconds) == 17 / 16
     # The run started from the source's MP4 (stored content-addressed, linked to its version).
     inputs = stack.get(f"/version/{ext['version_id']}").json()["request"]["inputs"]
     assert inputs["video_id"]["version_id"] == source_video.model_extra["shotloom"]["version_id"]
@@ -486,6 +518,7 @@ def test_edit_an_uploaded_mp4_and_a_video_by_id(client, source_video, tmp_path):
         )  # the upload's size and length
         info = decode(client.videos.download_content(done.id).read(), tmp_path, f"{done.id}.mp4")
         assert (info.frames, info.width) == (17, 64) and info.has_audio
+        assert abs(info.duration_s - 17 / 16) < 1e-3 and done.seconds == "1.0625"
 
 
 def test_extend_continues_a_video_and_answers_the_stitched_whole(client, stack, source_video, tmp_path):
@@ -501,17 +534,34 @@ def test_extend_continues_a_video_and_answers_the_stitched_whole(client, stack, 
     assert (done.seconds, done.model_extra["shotloom"]["frames"]) == ("2.125", 34)
     info = decode(client.videos.download_content(done.id).read(), tmp_path)
     assert (info.frames, info.width) == (34, 64) and info.has_audio and abs(info.duration_s - 34 / 16) < 0.01
-    # The first 17 frames are the source's own (stream copy when settings match).
     source = decode(client.videos.download_content(source_video.id).read(), tmp_path, "source.mp4")
     assert source.frames == 17
-    # Lineage: the run started at the source's last frame with the source in memory, and both the
-    # new shot and the stitched film are recorded on the version.
     version = stack.get(f"/version/{done.model_extra['shotloom']['version_id']}").json()
+    film = next(a for a in version["artifacts"] if a["kind"] == "video" and a["role"] == "film")
+    # The first 17 frames are the source's own: the merge stream-copies clips with the same encoder
+    # settings (both came from the same writer), so its packets decode to the very same pixels
+    # (a re-encode would only be close, and is itself a regression here).
+    stitched, original = read_frames(info.path), read_frames(source.path)
+    per_frame = np.abs(stitched[:17].astype(np.int16) - original.astype(np.int16)).mean(axis=(1, 2, 3))
+    assert film["metadata"]["video_mode"] == "copy"
+    assert per_frame.max() == 0, per_frame  # mean absolute difference per frame, of 255
+    # The continuation was conditioned on exactly the source's last frame: the PNG the run started
+    # from is that decoded frame. (Its pixels are not asserted on the output: the tiny checkpoint's
+    # random weights do not reproduce a first frame; measured mean absolute difference ~34 of 255,
+    # the same as a generation without it.)
+    last = io.BytesIO()
+    Image.fromarray(original[-1]).save(last, format="PNG")
     used = version["request"]["inputs"]["video.id"]
-    assert used["version_id"] == source_video.model_extra["shotloom"]["version_id"]
+    assert used["last_frame"]["sha256"] == hashlib.sha256(last.getvalue()).hexdigest()
+    # Lineage: the source in memory; the new shot and the stitched film both on the version; the
+    # film lists the source's version, then the extension's own; the version derives from the source.
+    source_version = source_video.model_extra["shotloom"]["version_id"]
+    assert used["version_id"] == source_version
     assert used["last_frame"]["media_type"] == "image/png" and used["memory"]["image"]
     roles = {a["role"] for a in version["artifacts"] if a["kind"] == "video"}
     assert roles == {"shot", "film"} and version["video_url"].endswith(".mp4")
+    assert film["metadata"]["versions"] == [source_version, version["version_id"]]
+    assert version["derived_from"] == [source_version]
 
 
 def test_characters_from_an_upload_and_by_id_then_used_in_a_later_video(
@@ -552,8 +602,10 @@ def test_characters_from_an_upload_and_by_id_then_used_in_a_later_video(
             prompt="x", size="64x64", seconds="1", extra_body={"characters": ["char_" + "0" * 32]}
         )
     assert info.value.body["param"] == "characters[0]"
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as info:
         client.videos.get_character("char_" + "0" * 32)
+    assert info.value.status_code == 404
+    assert (info.value.body["param"], info.value.body["code"]) == ("character_id", "not_found")
 
 
 def test_an_adapter_by_model_nickname_or_lora_and_unconfigured_ones_refused(client, stack):
@@ -659,6 +711,9 @@ def test_api_keys_guard_every_route_but_health(stack):
         assert resp.status_code == 401 and "detail" in resp.json()  # the R2V dialect's own shape
         assert bare.get(stack.base + "/version/x").status_code == 401
         assert bare.get(stack.base + "/media/anything.mp4").status_code == 401
+        for method, path in (("GET", "/queue"), ("POST", "/queue/pause"), ("POST", "/queue/works/w/cancel")):
+            assert bare.request(method, stack.base + path).status_code == 401  # operator routes too
+        assert stack.get("/queue").json()["paused"] is False  # nothing paused by the refused call
         for doc in ("/openapi.json", "/r2v/openapi.json", "/v1/openapi.json"):  # the documents too
             assert bare.get(stack.base + doc).status_code == 401
             assert stack.get(doc).json()["openapi"].startswith("3.")
@@ -715,3 +770,182 @@ def test_a_body_that_stalls_is_408(stack):
         answer = answer.decode()
     assert answer.startswith("HTTP/1.1 408"), answer
     assert "request_timeout" in answer and time.monotonic() - started < 20
+
+
+# -- video from video: more of the contract ---------------------------------------------------------
+def test_extend_an_uploaded_mp4_answers_the_stitched_whole_with_lineage_to_the_upload(
+    client, stack, source_video, tmp_path
+):
+    mp4 = client.videos.download_content(source_video.id).read()
+    digest = hashlib.sha256(mp4).hexdigest()
+    extension = client.videos.extend(
+        prompt="the kite dives", seconds="1", video=("clip.mp4", mp4, "video/mp4")
+    )
+    assert extension.seconds == "2.125"  # the upload's 17 frames + 17 new ones, at 16 fps
+    done = client.videos.poll(extension.id, poll_interval_ms=300)
+    assert done.status == "completed", done.error
+    assert (done.seconds, done.size, done.model_extra["shotloom"]["frames"]) == ("2.125", "64x64", 34)
+    info = decode(client.videos.download_content(done.id).read(), tmp_path)
+    assert (info.frames, info.width, info.height) == (34, 64, 64)
+    assert abs(info.duration_s - 34 / 16) < 0.01
+    assert info.has_audio and info.audio_codec == "aac"
+    assert abs(info.audio_duration_s - info.duration_s) < 0.05  # one track over the whole
+    upload = decode(mp4, tmp_path, "upload.mp4")
+    assert np.array_equal(read_frames(info.path)[:17], read_frames(upload.path))  # the upload, then the new
+    # Lineage: the upload by its content hash (it is no version of ours), on the request, the inputs
+    # and the stitched film.
+    version = stack.get(f"/version/{done.model_extra['shotloom']['version_id']}").json()
+    assert version["request"]["video"] == {"upload_sha256": digest}
+    used = version["request"]["inputs"]["video"]
+    assert used["sha256"] == digest and "version_id" not in used and used["memory"]["image"]
+    assert version["inputs"]["video"] == {"sha256": digest} and version["derived_from"] == []
+    film = next(a for a in version["artifacts"] if a["kind"] == "video" and a["role"] == "film")
+    assert film["metadata"]["versions"] == [f"sha256:{digest}", version["version_id"]]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/videos/edits", {"prompt": "x"}),
+        ("/v1/videos/extensions", {"prompt": "x", "seconds": "1"}),
+        ("/v1/videos/characters", {"name": "x"}),
+    ],
+)
+def test_a_source_by_id_that_has_not_completed_is_409(stack, path, body):
+    # Several seconds of work for two CPU workers: still queued or in progress when asked below.
+    pending = stack.post("/v1/videos", {"prompt": "not yet", "size": "64x64", "seconds": "3"}).json()
+    try:
+        resp = stack.post(path, {**body, "video": {"id": pending["id"]}})
+        assert resp.status_code == 409, resp.text
+        error = resp.json()["error"]
+        assert (error["code"], error["param"]) == ("not_ready", "video.id")
+        assert stack.get(f"/v1/videos/{pending['id']}").json()["status"] in ("queued", "in_progress")
+    finally:
+        stack.client.delete(stack.base + f"/v1/videos/{pending['id']}")
+
+
+def test_an_undecodable_upload_is_400_for_extensions_and_characters(client):
+    junk = ("clip.mp4", b"this is no video", "video/mp4")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.videos.extend(prompt="x", seconds="1", video=junk)
+    assert (info.value.status_code, info.value.body["param"]) == (400, "video")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.videos.create_character(name="Nobody", video=junk)
+    assert (info.value.status_code, info.value.body["param"]) == (400, "video")
+
+
+def test_characters_count_against_the_reference_limit(client, stack, source_video):
+    # The tiny Wan VACE takes one reference per latent frame: 5 for 17 frames (1 s at 16 fps).
+    character = client.videos.create_character(
+        name="Counted", video=openai.omit, extra_body={"video": {"id": source_video.id}}
+    )
+    common = {"prompt": "crowded", "size": "64x64", "seconds": "1"}
+    images = [{"image_url": data_url(i)} for i in range(6)]
+    for refs, characters, param in (
+        (images[:5], [character.id], "characters"),  # the images fit: the character goes over
+        (images[:6], [], "image_reference"),  # the images alone go over
+        (images[:6], [character.id], "image_reference"),
+    ):
+        resp = stack.post("/v1/videos", {**common, "image_reference": refs, "characters": characters})
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert error["param"] == param and "at most 5 reference images" in error["message"], error
+    fits = stack.post("/v1/videos", {**common, "image_reference": images[:4], "characters": [character.id]})
+    assert fits.status_code == 200, fits.text
+    stack.client.delete(stack.base + f"/v1/videos/{fits.json()['id']}")
+
+
+def test_the_generations_alias_queues_the_same_video_as_v1_videos(stack):
+    body = {"prompt": "by the alias", "size": "64x64", "seconds": "1", "seed": 21}
+    resp = stack.client.post(stack.base + "/v1/videos/generations", json=body)
+    assert resp.status_code == 200, resp.text
+    video = resp.json()
+    assert video["id"].startswith("video_") and video["object"] == "video" and video["status"] == "queued"
+    assert int(resp.headers["openai-poll-after-ms"]) > 0
+    # Multipart too, as the SDK sends it; a refusal is the envelope naming the field.
+    parts = [
+        ("prompt", (None, "by the alias, as a form")),
+        ("size", (None, "64x64")),
+        ("seconds", (None, "1")),
+    ]
+    form = stack.client.post(stack.base + "/v1/videos/generations", files=parts)
+    assert form.status_code == 200 and form.json()["status"] == "queued", form.text
+    bad = stack.client.post(stack.base + "/v1/videos/generations", json={**body, "seed": -1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "seed"
+    wrong = stack.client.put(stack.base + "/v1/videos/generations")
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+    # The same kind of job as POST /v1/videos: it completes and reads back like one.
+    done = wait_status(stack, video["id"], ("completed", "failed", "cancelled"), timeout=300)
+    assert done["status"] == "completed", done
+    assert (done["prompt"], done["size"], done["seconds"]) == ("by the alias", "64x64", "1.0625")
+    assert (done["shotloom"]["seed"], done["shotloom"]["frames"]) == (21, 17)
+    version = stack.get(f"/version/{done['shotloom']['version_id']}").json()
+    assert version["kind"] == "r2v" and version["work_id"] == "sdk-work"
+    for vid in (video["id"], form.json()["id"]):
+        stack.client.delete(stack.base + f"/v1/videos/{vid}")
+
+
+def wav_bytes(seconds: float = 0.5, rate: int = 16000) -> bytes:
+    import wave
+
+    samples = (0.3 * np.sin(2 * np.pi * 440 * np.arange(int(rate * seconds)) / rate) * 32767).astype("<i2")
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(samples.tobytes())
+    return buf.getvalue()
+
+
+def guide_form(guides: list[dict], files: dict[str, tuple[str, bytes, str]], **fields: str) -> list:
+    """A multipart form as curl -F sends it: text fields, ``guides`` as JSON, the guides' files."""
+    text = {
+        "prompt": "a kite, guided",
+        "size": "64x64",
+        "seconds": "1",
+        **fields,
+        "guides": json.dumps(guides),
+    }
+    return [(k, (None, v)) for k, v in text.items()] + list(files.items())
+
+
+def test_a_guide_image_anchored_at_a_frame_from_the_end_makes_a_video(stack, tmp_path):
+    form = guide_form(
+        [{"file": "guide_0", "frame": -9, "kind": "video"}],
+        {"guide_0": ("kite.png", png_bytes(12), "image/png")},
+        seed="21",
+    )
+    resp = stack.client.post(stack.base + "/v1/videos", files=form)
+    assert resp.status_code == 200, resp.text
+    done = wait_status(stack, resp.json()["id"], ("completed", "failed", "cancelled"))
+    assert done["status"] == "completed", done["error"]
+    content = stack.client.get(stack.base + f"/v1/videos/{done['id']}/content")
+    info = decode(content.content, tmp_path)
+    assert (info.frames, info.width, info.height) == (17, 64, 64)
+    # The run took the stored image at frame 8 (-9 of 17 frames), recorded by content.
+    request = stack.get(f"/version/{done['shotloom']['version_id']}").json()["request"]
+    guide = request["inputs"]["guides[0]"]
+    assert (guide["frame"], guide["kind"], guide["media_type"]) == (8, "video", "image/png")
+    assert request["guides"] == [{"file": "guide_0", "frame": -9, "kind": "video"}]  # as sent
+
+
+@pytest.mark.parametrize(
+    ("guides", "files", "param"),
+    [
+        ([{"file": "guide_1", "frame": 0}], {"guide_0": "png"}, "guides[0].file"),  # no such file part
+        ([{"file": "guide_0", "frame": 0}], {"guide_0": "png", "stray": "png"}, "stray"),  # named nowhere
+        ([{"file": "guide_0", "frame": 17}], {"guide_0": "png"}, "guides[0].frame"),  # 17 frames: 0..16
+        ([{"file": "guide_0", "frame": 4, "kind": "audio"}], {"guide_0": "wav"}, "guides[0].kind"),  # Wan
+        ([{"file": "guide_0", "frame": 4, "kind": "still"}], {"guide_0": "png"}, "guides[0].kind"),
+        ([{"file": "guide_0", "frame": 4}], {"guide_0": "wav"}, "guides[0]"),  # no image, no video
+    ],
+)
+def test_guide_refusals_name_the_field(stack, guides, files, param):
+    media = {"png": ("g.png", png_bytes(3), "image/png"), "wav": ("g.wav", wav_bytes(), "audio/wav")}
+    form = guide_form(guides, {name: media[kind] for name, kind in files.items()})
+    resp = stack.client.post(stack.base + "/v1/videos", files=form)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param, error
+    assert error["message"] and error["type"] == "invalid_request_error"

@@ -3,18 +3,23 @@ precedence and defaults, the frame grid, refusals naming their field, and the er
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from api.core.errors import InvalidField, NotFound, QueueFull
 from api.core.jobs import JobService
+from api.core.specs import SourceRef
 from api.openai.errors import OpenAIError, validation_error
 from api.openai.forms import FormError, unflatten
-from api.openai.protocol import ServedModel, VideoCreateRequest, snap_frames
-from api.store import NewJob, Store
+from api.openai.protocol import ServedModel, Video, VideoCreateRequest, VideoExtension, snap_frames
+from api.store import JobRecord, NewJob, Store
+from shotloom import stages
 from shotloom.api_config import ApiConfig
 from shotloom.capabilities import Capabilities
 
@@ -146,7 +151,33 @@ def test_seconds_snap_up_to_the_frame_grid(seconds, fps, frames):
         ({"lora": {"name": "x"}}, "lora"),
         ({"video_path": "/x.mp4", "video_url": "http://x/a.mp4"}, "video_path"),
         ({"image_reference": [{"file_id": "f"}]}, "image_reference[0].file_id"),
-        ({"image_reference": [{"video_url": "http://x/a.mp4"}]}, "image_reference[0].video_url"),
+        # A keyframe is one image: audio or a video in it cannot be honoured.
+        ({"first_frame": {"image_url": "data:a", "audio_url": "data:b"}}, "first_frame.audio_url"),
+        ({"last_frame": {"image_url": "data:a", "audio_url": "data:b"}}, "last_frame.audio_url"),
+        ({"input_reference": {"image_url": "data:a", "audio_url": "data:b"}}, "input_reference.audio_url"),
+        ({"first_frame": {"video_url": "http://x/a.mp4"}}, "first_frame.video_url"),
+        # An image_reference entry's video_url is the source video: alone in its entry, one per request.
+        (
+            {"image_reference": [{"video_url": "http://x/a.mp4", "image_url": "a"}]},
+            "image_reference[0].image_url",
+        ),
+        (
+            {"image_reference": [{"video_url": "http://x/a.mp4", "audio_url": "b"}]},
+            "image_reference[0].audio_url",
+        ),
+        (
+            {"image_reference": [{"video_url": "http://x/a.mp4", "file_id": "f"}]},
+            "image_reference[0].file_id",
+        ),
+        (
+            {"video_url": "http://x/a.mp4", "image_reference": [{"video_url": "v"}]},
+            "image_reference[0].video_url",
+        ),
+        (
+            {"image_reference": [{"video_url": "v"}, {"image_url": "a"}, {"video_url": "w"}]},
+            "image_reference[2].video_url",
+        ),
+        ({"image_reference": [{"audio_url": "data:b"}]}, "image_reference[0]"),
         ({"first_frame": "data:,x", "reference_url": "http://x/a.png"}, "reference_url"),
     ],
 )
@@ -244,3 +275,439 @@ def test_unknown_fields_are_refused_or_with_the_warn_switch_logged_and_dropped(c
     with caplog.at_level("WARNING", logger="shotloom.api.openai"):
         req = parse_request(body, "warn")
     assert req.seed == 3 and "vsa_sparsity" in caplog.text
+
+
+def test_characters_count_against_the_reference_limit_and_the_refusal_names_what_went_over(tmp_path):
+    # The tiny Wan VACE's limits (shotloom.families.wan): 7 references, and at most one per latent
+    # frame, so 5 for 17 frames (1 s at 16 fps).
+    tiny_wan = dataclasses.replace(WAN, max_reference_images=7, references_per_latent_frame=True)
+    store = Store(f"sqlite:///{tmp_path / 's.sqlite'}")
+    jobs = JobService(store, ApiConfig(), tmp_path / "state", tmp_path / "media")
+    chars = ["char_" + f"{i:032x}" for i in range(3)]
+
+    def refusal(images: int, characters: int, seconds: float = 1) -> str | None:
+        body = {"prompt": "p", "seconds": seconds, "image_reference": [{"image_url": "data:x"}] * images}
+        s = spec({**body, "characters": chars[:characters]} if characters else body)
+        try:
+            jobs.check_capabilities(s, tiny_wan)
+        except InvalidField as exc:
+            assert "reference images" in exc.message, exc.message
+            return exc.field
+        return None
+
+    assert refusal(4, 1) is None  # 5: at the limit
+    assert refusal(5, 1) == "characters"  # the images fit; the character goes over
+    assert refusal(3, 3) == "characters"
+    assert refusal(6, 0) == "image_reference"  # the images alone go over
+    assert refusal(6, 1) == "image_reference"
+    assert refusal(2, 3) is None
+    # The model's own limit (7) with room in the frames (33 frames allow 9).
+    assert refusal(7, 1, seconds=2) == "characters"
+    assert refusal(8, 0, seconds=2) == "image_reference"
+    store.close()
+
+
+# -- issue 10 audit: reference objects, routing errors, progress, polling, ETA, gates, health -----
+def test_an_image_reference_video_url_is_the_source_video_and_no_memory_slot():
+    s = spec(
+        {
+            "prompt": "p",
+            "strength": 0.5,
+            "image_reference": [
+                {"image_url": "data:a", "audio_url": "data:b"},
+                {"video_url": {"url": "http://x/source.mp4"}},  # chat-style {"url"} too
+                {"image_url": "data:c"},
+            ],
+        }
+    )
+    assert s.source.field == "image_reference[1].video_url"
+    assert (s.source.video.field, s.source.video.value) == (
+        "image_reference[1].video_url",
+        "http://x/source.mp4",
+    )
+    assert s.strength == 0.5
+    # The other entries stay memory slots under their own index; the audio is the slot's.
+    assert [m.field for m in s.memory] == ["image_reference[0]", "image_reference[2]"]
+    assert s.memory[0].audio.field == "image_reference[0].audio_url" and s.memory[1].audio is None
+    # The same as the top-level video_url, which still works alone.
+    top = spec({"prompt": "p", "video_url": "http://x/source.mp4"})
+    assert (top.source.field, top.source.video.value) == ("video_url", "http://x/source.mp4")
+    # A route that brings its own source (remix, edit) refuses a second one, naming it.
+    req = VideoCreateRequest.model_validate({"prompt": "p", "image_reference": [{"video_url": "v"}]})
+    with pytest.raises(InvalidField) as info:
+        req.to_spec(
+            MODEL,
+            operator=None,
+            uploads={},
+            version_id="a" * 32,
+            seed=1,
+            source=SourceRef("video_id", version_id="b" * 32),
+        )
+    assert info.value.field == "image_reference[0].video_url"
+
+
+def _bare_app(tmp_path):
+    """The real app (both dialects, health) on a real store, with no Dagster, workers or follower
+    threads: the lifespan is not run, so the follower has not started."""
+    from api.app import create_app
+    from api.context import ApiContext
+    from api.dagster_client import DagsterGateway
+    from api.follower import Follower
+    from shotloom.config import REPO_ROOT, load_inference_config
+
+    api = ApiConfig()
+    store = Store(f"sqlite:///{tmp_path / 's.sqlite'}")
+    gateway = DagsterGateway("127.0.0.1", 9)
+    ctx = ApiContext(
+        api=api,
+        store=store,
+        gateway=gateway,
+        follower=Follower(store, gateway, api, registry=None),
+        jobs=JobService(store, api, tmp_path / "state", tmp_path / "media"),
+        media_root=tmp_path / "media",
+        worker_names=[],
+        inference_config="configs/inference.wan-tiny.yaml",
+        inference=load_inference_config(REPO_ROOT / "configs" / "inference.wan-tiny.yaml"),
+        residency_policy="auto",
+    )
+    return TestClient(create_app(ctx)), ctx
+
+
+def test_unknown_v1_routes_and_wrong_methods_answer_the_envelope_elsewhere_starlettes_shape(tmp_path):
+    client, ctx = _bare_app(tmp_path)
+    resp = client.get("/v1/no-such-route")
+    assert resp.status_code == 404
+    assert resp.json() == {
+        "error": {
+            "message": "no route GET /v1/no-such-route",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "not_found",
+        }
+    }
+    resp = client.put("/v1/videos")
+    assert resp.status_code == 405 and resp.headers["allow"] == "POST"
+    error = resp.json()["error"]
+    assert error["code"] == "method_not_allowed" and error["type"] == "invalid_request_error"
+    assert "PUT" in error["message"] and "POST" in error["message"] and error["param"] is None
+    assert client.get("/v1").json()["error"]["code"] == "not_found"
+    # Outside /v1 the R2V side keeps Starlette's body (the same as /media's 404 on purpose).
+    assert client.get("/no-such-route").json() == {"detail": "Not Found"}
+    resp = client.put("/r2v")
+    assert resp.status_code == 405 and resp.json() == {"detail": "Method Not Allowed"}
+    ctx.store.close()
+
+
+def test_create_answers_503_while_not_ready_and_501_naming_a_missing_encoder(tmp_path, monkeypatch):
+    import api.openai.serving as serving
+
+    client, ctx = _bare_app(tmp_path)
+    body = {"prompt": "p", "size": "64x64"}
+    resp = client.post("/v1/videos", json=body)
+    assert resp.status_code == 503
+    assert resp.json()["error"] == {
+        "message": "the service is starting",
+        "type": "server_error",
+        "param": None,
+        "code": "unavailable",
+    }
+    ctx.follower.started = True
+    monkeypatch.setattr(serving, "missing_encoders", lambda: ["libx264"])
+    for path in ("/v1/videos", "/v1/videos/generations", "/v1/videos/sync"):
+        resp = client.post(path, json=body)
+        assert resp.status_code == 501, path
+        error = resp.json()["error"]
+        assert (error["code"], error["type"]) == ("encoder_missing", "server_error")
+        assert "libx264" in error["message"] and "H.264" in error["message"]
+    monkeypatch.setattr(serving, "missing_encoders", lambda: ["libx264", "aac"])
+    assert "libx264 and aac" in client.post("/v1/videos", json=body).json()["error"]["message"]
+    # Encoders there, no worker has loaded the model yet: 503 again, saying so.
+    monkeypatch.setattr(serving, "missing_encoders", lambda: [])
+    resp = client.post("/v1/videos", json=body)
+    assert resp.status_code == 503 and "not loaded" in resp.json()["error"]["message"]
+    assert ctx.store.counts_by_status("r2v")["queued"] == 0  # nothing was queued
+    ctx.store.close()
+
+
+def _job(**fields) -> JobRecord:
+    base = {
+        "version_id": "a" * 32,
+        "kind": "r2v",
+        "work_id": "w",
+        "shot_id": None,
+        "job_id": None,
+        "payload_hash": "h",
+        "request": {},
+        "callback_url": None,
+        "callback_context": None,
+        "status": "running",
+        "stage": stages.INFERRING,
+        "error": None,
+        "run_id": "run",
+        "root_run_id": None,
+        "submitted_at": None,
+        "created_at": 0.0,
+        "updated_at": 0.0,
+        "finished_at": None,
+        "result": None,
+        "live": {},
+        "dialect": "openai",
+    }
+    return JobRecord(**{**base, **fields})
+
+
+def test_progress_milestones_queued_encoded_denoised_decoded_written():
+    from api.openai.serving import _progress
+
+    def report(stage, done, total):
+        return {"progress": {"stage": stage, "done": done, "total": total}}
+
+    seen = [
+        _progress(_job(status="queued", stage=stages.QUEUED), 4),
+        _progress(_job(stage=stages.CLAIMED), 4),
+        _progress(_job(stage=stages.CONDITIONING), 4),  # the prompt is being encoded
+        _progress(_job(stage=stages.LOADING_GENERATOR), 4),  # encoded
+        _progress(_job(stage=stages.INFERRING), 4),  # no step reported yet
+        _progress(_job(live=report(stages.INFERRING, 1, 4)), 4),
+        _progress(_job(live=report(stages.INFERRING, 2, 4)), 4),
+        _progress(_job(live=report(stages.INFERRING, 4, 4)), 4),
+        _progress(_job(stage=stages.DECODING, live=report(stages.INFERRING, 4, 4)), 4),
+        _progress(_job(stage=stages.DECODING, live=report(stages.DECODING, 1, 3)), 4),
+        _progress(_job(stage=stages.DECODING, live=report(stages.DECODING, 3, 3)), 4),
+        _progress(_job(stage=stages.WRITING), 4),
+        _progress(_job(stage=stages.MERGING), 4),  # an extension stitched after its source
+        _progress(_job(status="succeeded", stage=stages.SUCCEEDED), 4),
+    ]
+    assert seen == [
+        (0, 0),
+        (0, 0),
+        (0, 0),
+        (5, 0),
+        (5, 0),
+        (26, 1),  # 5 + 85 * 1/4
+        (47, 2),
+        (90, 4),
+        (90, 4),
+        (93, 4),  # 90 + 9 * 1/3
+        (99, 4),
+        (99, 4),
+        (99, 4),
+        (100, 4),
+    ]
+    assert [p for p, _ in seen] == sorted(p for p, _ in seen)
+    # A report past its total (or garbage) never goes past the milestone.
+    assert _progress(_job(live=report(stages.INFERRING, 9, 4)), 4) == (90, 4)
+
+
+def _video(status: str, eta: float | None) -> Video:
+    return Video(
+        id="video_" + "a" * 32,
+        model="m",
+        status=status,
+        progress=0,
+        created_at=0,
+        seconds="1",
+        size="64x64",
+        shotloom=VideoExtension(eta_s=eta),
+    )
+
+
+def test_poll_after_ms_is_shorter_as_the_job_nears_its_end():
+    from api.openai.serving import POLL_MAX_MS, POLL_MIN_MS, POLL_QUEUED_MS, VideoServing
+
+    poll = VideoServing.poll_after_ms
+    assert poll(_video("queued", 30.0)) == POLL_QUEUED_MS == 2000
+    assert poll(_video("completed", 0.0)) == poll(_video("failed", None)) == POLL_MAX_MS
+    assert poll(_video("in_progress", None)) == 1000  # no ETA yet
+    waits = [poll(_video("in_progress", eta)) for eta in (60.0, 8.0, 4.0, 2.0, 0.5, 0.0)]
+    assert waits == [2000, 2000, 1000, 500, POLL_MIN_MS, POLL_MIN_MS]  # a quarter of the ETA, bounded
+
+
+def test_stage_durations_medians_and_the_time_worked():
+    from api.core.timing import WAITING, stage_durations, stage_medians, working_seconds
+
+    times = {"claimed": 100.0, "waiting_for_memory": 101.0, "validating": 111.0, "inferring": 112.0}
+    assert stage_durations({**times, "decoding": 120.0, "succeeded": 123.0}, 124.0) == {
+        "claimed": 1.0,
+        "waiting_for_memory": 10.0,
+        "validating": 1.0,
+        "inferring": 8.0,
+        "decoding": 3.0,  # until the terminal stamp, which itself takes no time
+    }
+    # A running job: its current stage has no end yet. Stages go in the order they were entered
+    # (a resumed run is "recovered" after its first inferring).
+    assert list(stage_durations({"claimed": 1.0, "inferring": 2.0, "recovered": 5.0}, None)) == [
+        "claimed",
+        "inferring",
+    ]
+    assert stage_durations({"claimed": 1.0, "inferring": 2.0, "recovered": 5.0}, None)["inferring"] == 3.0
+    # Waits are no work: the queue and a wait for memory are left out of the time worked.
+    assert WAITING == {"queued", "waiting_for_memory"}
+    durations = {"queued": 30.0, "claimed": 1.0, "waiting_for_memory": 10.0, "inferring": 8.0, "writing": 1.0}
+    assert working_seconds(durations) == 10.0
+    # Medians per stage; a job that skipped a stage counts 0 for it (alternatives are not summed twice).
+    samples = [
+        {"inferring": 10.0, "keeping_generator_on_gpu": 1.0},
+        {"inferring": 20.0, "staging_generator_on_cpu": 5.0},
+        {"inferring": 12.0, "keeping_generator_on_gpu": 1.0},
+    ]
+    assert stage_medians(samples) == {
+        "keeping_generator_on_gpu": 1.0,
+        "staging_generator_on_cpu": 0.0,
+        "inferring": 12.0,
+    }
+    assert stage_medians([]) == {}
+
+
+def test_the_sync_headers_report_the_time_worked_not_the_waits():
+    from api.openai.serving import sync_headers
+
+    video = _video("completed", 0.0)
+    video.shotloom.stage_timings = {
+        "waiting_for_memory": 30.0,
+        "claimed": 0.5,
+        "inferring": 2.0,
+        "writing": 0.25,
+    }
+    video.shotloom.peak_memory_mb = 123.44
+    headers = sync_headers(video)
+    assert headers["X-Inference-Time-S"] == "2.750"
+    assert json.loads(headers["X-Stage-Durations"])["waiting_for_memory"] == 30.0  # still listed
+    assert (headers["X-Request-Id"], headers["X-Model"], headers["X-Peak-Memory-MB"]) == (
+        video.id,
+        "m",
+        "123.4",
+    )
+
+
+MEDIANS = {
+    "claimed": 1.0,
+    "validating": 1.0,
+    "conditioning": 2.0,
+    "inferring": 8.0,
+    "decoding": 2.0,
+    "writing": 1.0,
+}
+
+
+@pytest.mark.parametrize(
+    ("status", "stage", "live", "position", "eta"),
+    [
+        ("queued", "queued", {}, 1, 15.0),  # a whole job
+        ("queued", "queued", {}, 3, 30.0),  # two devices: the third waits one round
+        ("queued", "queued", {}, 5, 45.0),
+        ("running", "queued", {}, None, 15.0),  # started, no stage stamped yet
+        # The stages after the current one, and the part of it its progress has not done.
+        ("running", "inferring", {"progress": {"stage": "inferring", "done": 3, "total": 4}}, None, 5.0),
+        ("running", "inferring", {"progress": {"stage": "inferring", "done": 0, "total": 4}}, None, 11.0),
+        ("running", "decoding", {"progress": {"stage": "decoding", "done": 1, "total": 2}}, None, 2.0),
+        # No report for the current stage: its median less the time since it was entered.
+        ("running", "conditioning", {"stage_times": {"conditioning": 999.5}}, None, 12.5),
+        ("running", "conditioning", {"stage_times": {"conditioning": 900.0}}, None, 11.0),
+        ("running", "writing", {}, None, 1.0),
+        ("running", "succeeded", {}, None, 0.0),
+        ("succeeded", "succeeded", {}, None, 0.0),
+        ("failed", "failed", {}, None, None),
+        ("cancelled", "canceled", {}, None, None),
+    ],
+)
+def test_eta_from_the_stage_medians_of_earlier_jobs(status, stage, live, position, eta):
+    from api.core.timing import eta_s
+
+    got = eta_s(status, stage, live, MEDIANS, position=position, devices=2, now=1000.0)
+    assert got == eta
+
+
+def test_eta_falls_back_to_the_whole_job_median_then_to_none():
+    from api.core.timing import eta_s
+
+    live = {"stage_times": {"claimed": 990.0, "inferring": 995.0}}
+    assert eta_s("running", "inferring", live, {}, whole_s=30.0, now=1000.0) == 20.0  # 30 less 10 s
+    assert eta_s("queued", "queued", {}, {}, position=2, whole_s=30.0, now=1000.0) == 60.0
+    assert eta_s("running", "inferring", live, {}, now=1000.0) is None  # nothing measured yet
+    assert eta_s("queued", "queued", {}, {}, now=1000.0) is None
+
+
+def test_get_video_carries_the_poll_header_and_an_eta_from_earlier_jobs(tmp_path):
+    client, ctx = _bare_app(tmp_path)
+    store = ctx.store
+    t0 = time.time() - 100
+    earlier = store.accept(
+        NewJob(kind="r2v", work_id="w", request={}, payload_hash="e", dialect="openai")
+    ).job
+    stamps = {"claimed": 0, "validating": 1, "inferring": 2, "decoding": 10, "writing": 12, "succeeded": 13}
+    store.update_status(
+        earlier.version_id,
+        status="succeeded",
+        stage="succeeded",
+        live={"stage_times": {s: t0 + t for s, t in stamps.items()}},
+    )
+    assert ctx.jobs.stage_seconds() == {
+        "claimed": 1.0,
+        "validating": 1.0,
+        "inferring": 8.0,
+        "decoding": 2.0,
+        "writing": 1.0,
+    }
+    job = store.accept(NewJob(kind="r2v", work_id="w", request={}, payload_hash="r", dialect="openai")).job
+    vid = f"video_{job.version_id}"
+    resp = client.get(f"/v1/videos/{vid}")
+    assert resp.status_code == 200 and resp.json()["status"] == "queued"
+    assert resp.headers["openai-poll-after-ms"] == "2000"
+    assert resp.json()["shotloom"]["eta_s"] == 13.0  # one whole job: the sum of the stage medians
+    store.update_status(
+        job.version_id,
+        status="running",
+        stage="inferring",
+        live={
+            "stage_times": {"claimed": time.time() - 5, "inferring": time.time() - 1},
+            "progress": {"stage": "inferring", "done": 3, "total": 4},
+        },
+    )
+    resp = client.get(f"/v1/videos/{vid}")
+    body = resp.json()
+    assert (body["status"], body["progress"], body["shotloom"]["step"]) == ("in_progress", 68, 3)
+    assert body["shotloom"]["eta_s"] == 5.0  # a quarter of inferring (2 s), decoding 2 s, writing 1 s
+    assert resp.headers["openai-poll-after-ms"] == "1250"  # a quarter of the ETA
+    assert client.get("/v1/videos/video_" + "0" * 32).json()["error"]["code"] == "not_found"
+    store.close()
+
+
+def test_health_is_starting_then_ok_then_degraded_when_a_worker_is_gone(tmp_path, monkeypatch):
+    from api.health import health_status
+
+    ready = {"api": True, "webserver": True, "daemon": True, "workers": True, "media_workers": True}
+    idle = [{"state": "idle"}]
+    assert health_status(ready, idle, was_ok=False) == "ok"
+    down = {**ready, "workers": False}
+    assert health_status(down, [{"state": "warming"}], was_ok=False) == "starting"
+    assert health_status(down, [{"state": "unregistered"}], was_ok=False) == "starting"
+    for gone in ("unreachable", "stopped", "stopping"):
+        assert health_status(down, [{"state": "idle"}, {"state": gone}], was_ok=False) == "degraded"
+    assert health_status({**ready, "daemon": False}, idle, was_ok=True) == "degraded"  # was up, now not
+    assert health_status({**ready, "api": False}, [{"state": "unreachable"}], was_ok=False) == "starting"
+
+    # The route: 200 only when ok, 503 with the status otherwise.
+    client, ctx = _bare_app(tmp_path)
+    monkeypatch.setattr(ctx.gateway, "ping", lambda: True)
+    monkeypatch.setattr(ctx.gateway, "daemon_healthy", lambda: True)
+    ctx.worker_names = ["w0", "w1"]
+    ctx.follower.workers = {"w0": {"pool": "device", "state": "warming"}}
+
+    def get():
+        ctx.health_cache = None
+        resp = client.get("/health")
+        return resp.status_code, resp.json()["status"]
+
+    assert get() == (503, "starting")  # the API has not started
+    ctx.follower.started = True
+    assert get() == (503, "starting")  # w0 warming, w1 not registered yet
+    ctx.follower.workers = {n: {"pool": "device", "state": "idle"} for n in ("w0", "w1")}
+    assert get() == (200, "ok")
+    ctx.follower.workers["w1"] = {"pool": "device", "state": "unreachable"}
+    assert get() == (503, "degraded")
+    ctx.follower.workers["w1"] = {"pool": "device", "state": "idle"}
+    assert get() == (200, "ok")
+    monkeypatch.setattr(ctx.gateway, "daemon_healthy", lambda: False)
+    assert get() == (503, "degraded")  # the daemon went away after the service was up
+    ctx.store.close()

@@ -127,3 +127,23 @@ def test_refusals_name_the_field(family, tmp_path):
     with pytest.raises(CapabilityError) as info:
         adapter.encode(replace(base, source_video=broken, strength=0.5))
     assert info.value.field == "source_video"
+
+
+def test_the_yaml_default_strength_applies_when_a_request_gives_none(wan_checkpoint, tmp_path):
+    from shotloom.runtime import ModelRuntime
+
+    source = moving_square(tmp_path / "source.mp4", 16)
+    paths = {"checkpoint": wan_checkpoint, "cache_dir": tmp_path / "cache"}
+    runtime = ModelRuntime(wan_config(wan_checkpoint, paths=paths, defaults={"strength": 0.3}))
+    asked = dict(prompt="a blue bird", width=64, height=64, num_frames=17, fps=16, seed=9)
+    implicit = runtime.resolve(**asked, source_video=source)
+    assert implicit.strength == 0.3  # the YAML's defaults.strength, not the schema's 0.6
+    assert runtime.resolve(**asked, source_video=source, strength=0.8).strength == 0.8  # the request wins
+    assert runtime.resolve(**asked).strength is None  # no source: nothing to apply it to
+    # The generation denoises from the sampler's first sigma at or below 0.3, as if it were asked.
+    adapter = runtime.adapter
+    out = adapter.denoise(adapter.encode(implicit), implicit)
+    assert out.meta["strength"] == 0.3 and out.meta["sigmas"] == [0.25]
+    explicit = GenerationRequest(**asked, source_video=source, strength=0.3)
+    asked_for = adapter.denoise(adapter.encode(explicit), explicit)
+    assert torch.equal(out.tensors["video"], asked_for.tensors["video"])

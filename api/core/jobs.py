@@ -16,12 +16,13 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from api.core.errors import Conflict, InvalidField, NotFound, QueueFull, Unavailable
-from api.core.specs import InputRef, MemoryRef, MergeSpec, ShotSpec, SourceRef
+from api.core.specs import GuideRef, InputRef, MemoryRef, MergeSpec, ShotSpec, SourceRef
+from api.core.timing import stage_durations, stage_medians
 from api.inputs import InputAsset, InputError, Role, copy_into_assets, resolve_resource
 from api.store import (
     FINISHED,
@@ -41,7 +42,7 @@ from shotloom.api_config import ApiConfig
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import Defaults
 from shotloom.media_store import LocalMediaStore
-from shotloom.request import GenerationRequest, MemorySlot
+from shotloom.request import GenerationRequest, Guide, MemorySlot
 
 R2V_JOB = "r2v"
 EXTEND_JOB = "extend"
@@ -221,6 +222,8 @@ class JobService:
                 **origin,
             }
         config["memory"] = memory + ([source_memory] if stitch is not None else [])
+        if spec.guides:
+            config["guides"] = self._accept_guides(spec, caps, config["memory"], inputs)
         config["lineage"] = lineage(inputs, spec.lora)
         ops: dict[str, Any] = {"condition_op": {"config": config}}
         if stitch is not None:
@@ -260,6 +263,74 @@ class JobService:
                     field = characters[0].field.split("[", 1)[0]
             raise InvalidField(str(exc).split(": ", 1)[-1], field) from None
 
+    def _accept_guides(
+        self,
+        spec: ShotSpec,
+        caps: Capabilities | None,
+        memory: list[dict[str, Any]],
+        inputs: dict[str, Any],
+    ) -> list[dict[str, Any]]:
+        """Each guide's file decoded and stored like any input (kind video: an image, else a video;
+        kind audio: a sound), measured (a video's frames, whether it has a sound), then the whole
+        request checked again with them and the memory as the run will have it: a video that does
+        not fit in the clip from its frame, or a second audio track, is refused now. Answers the
+        guides of the run config (and records each in ``inputs``)."""
+        from shotloom.guides import measure
+
+        guides, config = [], []
+        for ref in spec.guides:
+            asset = self._guide_asset(ref)
+            # A guide video's sound goes in where the model takes sounds, unless the client said not.
+            with_audio = (
+                ref.kind == "video" and not spec.guide_no_audio and (caps is None or caps.audio_guides)
+            )
+            try:
+                guide = measure(Guide(asset.path, ref.frame, ref.kind, with_audio), ref.field)
+            except CapabilityError as exc:
+                raise InvalidField(str(exc).split(": ", 1)[-1], ref.field) from None
+            guides.append(guide)
+            config.append(
+                {
+                    "path": str(asset.path),
+                    "frame": guide.frame,
+                    "kind": guide.kind,
+                    "with_audio": guide.with_audio,
+                }
+            )
+            inputs[ref.field] = {
+                **describe(asset),
+                "frame": guide.frame,
+                "kind": guide.kind,
+                "with_audio": guide.with_audio,
+            }
+        if caps is not None:
+            here = Path(".")
+            gen = replace(
+                self._placeholder_request(spec, caps, spec.memory),
+                memory=tuple(MemorySlot(here, here if m.get("audio") else None) for m in memory),
+                guides=tuple(guides),
+            )
+            try:
+                caps.check(gen)
+            except CapabilityError as exc:
+                raise InvalidField(str(exc).split(": ", 1)[-1], self._client_field(spec, exc.field)) from None
+        return config
+
+    def _guide_asset(self, ref: GuideRef) -> InputAsset:
+        """A guide's file stored content-addressed: a sound for kind audio; an image, else a video,
+        for kind video."""
+        if ref.kind == "audio":
+            return self.resolve(ref.file, "audio")
+        try:
+            return self.resolve(ref.file, "image")
+        except InvalidField as not_image:
+            try:
+                return self.resolve(ref.file, "video")
+            except InvalidField as not_video:
+                raise InvalidField(
+                    f"neither an image ({not_image.message}) nor a video ({not_video.message})", ref.field
+                ) from None
+
     @staticmethod
     def _passes(caps: Capabilities, gen: GenerationRequest) -> bool:
         try:
@@ -294,11 +365,16 @@ class JobService:
             strength=spec.strength,
             lora=spec.lora,
             lora_scale=spec.lora_scale,
+            # Each guide at its frame, one frame long, no sound: measured once its file is read.
+            guides=tuple(Guide(here, g.frame, g.kind, frames=1) for g in spec.guides),
         )
 
     @staticmethod
     def _client_field(spec: ShotSpec, engine_field: str) -> str:
         head, _, rest = engine_field.partition("[")
+        if head == "guides" and rest:  # guides[i] or guides[i].frame: the client's name for guide i
+            index, _, tail = rest.partition("]")
+            return spec.guides[int(index)].field + tail
         if head == "memory" and rest:
             index = int(rest.split("]", 1)[0])
             slot = spec.memory[index]
@@ -623,6 +699,11 @@ class JobService:
         """Median wall time of recent finished jobs, from claim to end (None before the first)."""
         durations = self.store.recent_durations(DURATION_SAMPLES)
         return statistics.median(durations) if durations else None
+
+    def stage_seconds(self) -> dict[str, float]:
+        """The median duration of each stage over recent finished jobs ({} before the first)."""
+        recent = self.store.recent_stage_times(DURATION_SAMPLES)
+        return stage_medians([stage_durations(times, end) for times, end in recent])
 
     def retry_after_s(self) -> int:
         """The median job time less the running job's elapsed time, at least 2 s (60 before the

@@ -37,6 +37,17 @@ class MemoryRef:
 
 
 @dataclass(frozen=True)
+class GuideRef:
+    """One frame-anchored guide: an uploaded file, the clip frame it starts at (0..num_frames-1,
+    resolved by the dialect) and its kind (video: an image or a video; audio: a sound alone)."""
+
+    field: str  # the client's name for it (``guides[0]``)
+    file: InputRef
+    frame: int
+    kind: Literal["video", "audio"] = "video"
+
+
+@dataclass(frozen=True)
 class SourceRef:
     """A source video for video-to-video: a finished version of this service, or a resource."""
 
@@ -73,6 +84,8 @@ class ShotSpec:
     extends: SourceRef | None = None
     lora: str | None = None  # a configured LoRA adapter, by name
     lora_scale: float | None = None
+    guides: tuple[GuideRef, ...] = ()  # frame-anchored images, videos and sounds
+    guide_no_audio: bool = False  # guide videos without their sound
     job_id: str | None = None
     callback_url: str | None = None
     callback_context: dict[str, Any] | None = None

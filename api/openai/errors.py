@@ -7,6 +7,7 @@ malformed multipart all map to a status through one table.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from http import HTTPStatus
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -85,7 +86,27 @@ class OpenAIError(Exception):
 
 
 def is_openai_path(path: str) -> bool:
-    return path.startswith(PREFIX)
+    return path.startswith(PREFIX) or path == PREFIX.rstrip("/")
+
+
+def http_error(
+    status: int, method: str, path: str, detail: Any = None, headers: Mapping[str, str] | None = None
+) -> OpenAIError:
+    """An HTTP error the router raised itself (no such route 404, wrong method 405, ...) in the
+    envelope; headers such as ``Allow`` are kept."""
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Error"
+    code = {404: "not_found", 405: "method_not_allowed"}.get(status, phrase.lower().replace(" ", "_"))
+    if status == 404:
+        message = f"no route {method} {path}"
+    elif status == 405:
+        allowed = (headers or {}).get("Allow") or (headers or {}).get("allow")
+        message = f"{method} is not allowed on {path}" + (f" (allowed: {allowed})" if allowed else "")
+    else:
+        message = str(detail) if detail else phrase
+    return OpenAIError(status, message, code=code, headers=headers)
 
 
 def openai_error_response(exc: OpenAIError) -> JSONResponse:

@@ -9,6 +9,7 @@ actually set comes from ``model_fields_set``; defaults never masquerade as inten
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -18,12 +19,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.core.errors import InvalidField, NotFound
-from api.core.specs import InputRef, MemoryRef, ShotSpec, SourceRef
-from shotloom.capabilities import Capabilities
+from api.core.specs import GuideRef, InputRef, MemoryRef, ShotSpec, SourceRef
+from shotloom.capabilities import Capabilities, CapabilityError
+from shotloom.guides import anchor
 
 SIZE_PATTERN = r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$"
 CHARACTER_ID_PATTERN = r"^char_[0-9a-f]{32}$"
 MAX_SEED = 2**32
+MAX_GUIDES = 16  # entries of ``guides`` a request may list (the model may take fewer)
+FILE_FIELDS = ("input_reference", "first_frame", "last_frame")  # file parts besides the guides'
 URL_DESCRIPTION = "data: URL, http(s) URL, file:// URL or absolute path (under the server's allowed roots)"
 
 Positive = Annotated[int, Field(gt=0, le=100_000)]
@@ -34,8 +38,11 @@ class _Strict(BaseModel):
 
 
 class ReferenceObject(_Strict):
-    """A reference to media: exactly one of ``image_url``, ``video_url`` (with optional
-    ``audio_url`` beside an image). ``file_id`` is understood but refused (no Files store)."""
+    """A reference to media: an ``image_url`` (in ``image_reference``, optionally with its
+    ``audio_url``), or, in ``image_reference`` only, a ``video_url``: the source video, as an R2V
+    memory slot's ``video_url`` is. Keyframes (``first_frame``, ``last_frame``,
+    ``input_reference``) take an image alone. ``file_id`` is understood but refused (no Files
+    store)."""
 
     image_url: str | None = Field(default=None, min_length=1, description=URL_DESCRIPTION)
     video_url: str | None = Field(default=None, min_length=1, description=URL_DESCRIPTION)
@@ -80,6 +87,21 @@ class LoraSelector(_Strict):
 Reference = str | ReferenceObject
 
 
+class GuideEntry(_Strict):
+    """One entry of ``guides``: a file part of the multipart form, anchored at a frame."""
+
+    file: str = Field(min_length=1, max_length=255, description="The name of the form's file part.")
+    frame: int = Field(
+        ge=-100_000,
+        le=100_000,
+        description="The clip frame it starts at; below 0 counted from the end (-1: the last frame).",
+    )
+    kind: Literal["video", "audio"] = Field(
+        default="video",
+        description="video: an image, or a video with its sound; audio: a sound alone.",
+    )
+
+
 class VideoCreateRequest(_Strict):
     """``POST /v1/videos`` (JSON or multipart form)."""
 
@@ -109,7 +131,9 @@ class VideoCreateRequest(_Strict):
     )
     reference_url: str | None = Field(default=None, description="Legacy spelling of input_reference.")
     image_reference: list[ReferenceObject] | None = Field(
-        default=None, description="Reference images (memory slots), each optionally with its audio_url."
+        default=None,
+        description="Reference images (memory slots), each optionally with its audio_url; an entry "
+        "with a video_url instead is the source video (video-to-video, one per request).",
     )
     characters: list[Annotated[str, Field(pattern=CHARACTER_ID_PATTERN)]] | None = Field(
         default=None,
@@ -126,7 +150,17 @@ class VideoCreateRequest(_Strict):
         le=1,
         description="Video-to-video: how far from the source to go (1: ignore it); default: the model's.",
     )
-    guides: Any = Field(default=None, description="Frame-anchored guides (multipart).")
+    guides: list[GuideEntry] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_GUIDES,
+        description="Images, videos and sounds anchored at frames of the clip (multipart only): each "
+        'a file part, listed here as {"file": its field name, "frame", "kind": "video" | "audio"}; '
+        "in a form, the list as one JSON string.",
+    )
+    guide_no_audio: bool | None = Field(
+        default=None, description="true: guide videos anchor their frames without their sound."
+    )
     lora: LoraSelector | None = None
     extra_params: ExtraParams | None = Field(default=None, description="An allow-list of extensions.")
 
@@ -154,6 +188,19 @@ class VideoCreateRequest(_Strict):
     def _one_reference(cls, v: Any) -> Any:
         return [v] if isinstance(v, dict) else v
 
+    @field_validator("guides", mode="before")
+    @classmethod
+    def _guides_json(cls, v: Any) -> Any:
+        # A form carries the list as one JSON string (the contract's -F 'guides=[...]').
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError:
+                raise ValueError(
+                    'must be a JSON list such as [{"file": "guide_0", "frame": 48, "kind": "audio"}]'
+                ) from None
+        return [v] if isinstance(v, dict) else v
+
     def explicit(self) -> dict[str, Any]:
         """Only the fields the client set (``model_fields_set``), as plain data."""
         return self.model_dump(include=self.model_fields_set, exclude_none=True, mode="json")
@@ -175,7 +222,7 @@ class VideoCreateRequest(_Strict):
         """The dialect-neutral shot: fields the client set, then the operator's ``default_request``,
         then the model's preset; every value checked against what the model can honour."""
         lora, lora_scale = self._adapter(model)
-        self._refuse_unsupported(uploads)
+        self._check_parts(uploads)
         caps = model.caps
         layers = [self.geometry(), operator.geometry() if operator else {}]
         size = next((g for g in layers if "width" in g), {"width": model.width, "height": model.height})
@@ -250,6 +297,8 @@ class VideoCreateRequest(_Strict):
             extends=extends,
             lora=lora,
             lora_scale=lora_scale,
+            guides=self._guides(uploads, num_frames),
+            guide_no_audio=bool(self.guide_no_audio),
             job_id=job_id,
             submitter=submitter,
             version_id=version_id,
@@ -261,13 +310,39 @@ class VideoCreateRequest(_Strict):
             },
         )
 
-    def _refuse_unsupported(self, uploads: dict[str, Path]) -> None:
-        if self.guides is not None or any(
-            k.startswith("guide")
-            for k in uploads
-            if k not in ("first_frame", "last_frame", "input_reference")
-        ):
-            raise InvalidField("the loaded model cannot condition on frames at chosen positions", "guides")
+    def _check_parts(self, uploads: dict[str, Path]) -> None:
+        """Each guide names a file part of the form; every file part is a keyframe or a guide."""
+        for i, entry in enumerate(self.guides or ()):
+            field = f"guides[{i}].file"
+            if entry.file in FILE_FIELDS:
+                raise InvalidField(f"{entry.file!r} is a keyframe field, not a guide's file part", field)
+            if entry.file not in uploads:
+                raise InvalidField(
+                    f"no file part {entry.file!r} in the request: guides need a multipart form, "
+                    "each guide a file part named here",
+                    field,
+                )
+        named = {g.file for g in self.guides or ()}
+        for name in sorted(uploads):
+            if name not in FILE_FIELDS and name not in named:
+                raise InvalidField(
+                    f"unexpected file part {name!r}: a file goes in {', '.join(FILE_FIELDS)}, "
+                    "or is a guide named in guides",
+                    name,
+                )
+
+    def _guides(self, uploads: dict[str, Path], num_frames: int) -> tuple[GuideRef, ...]:
+        """Each guide's file part and its frame in this clip (from the end when below 0). Which
+        guides the model can take is the capability check's (the job service), with the files."""
+        out = []
+        for i, entry in enumerate(self.guides or ()):
+            field = f"guides[{i}]"
+            try:
+                frame = anchor(entry.frame, num_frames, f"{field}.frame")
+            except CapabilityError as exc:
+                raise InvalidField(str(exc).split(": ", 1)[-1], exc.field) from None
+            out.append(GuideRef(field, InputRef(field, upload=uploads[entry.file]), frame, entry.kind))
+        return tuple(out)
 
     def _adapter(self, model: ServedModel) -> tuple[str | None, float | None]:
         """The adapter this request selects, by ``model`` (an adapter's nickname) or ``lora``."""
@@ -293,14 +368,20 @@ class VideoCreateRequest(_Strict):
         return self.lora.name, self.lora.scale
 
     def _source(self, given: SourceRef | None) -> SourceRef | None:
-        """The source video: the route's (remix, edit, extension), or ``video_url``/``video_path``."""
-        named = [n for n in ("video_url", "video_path") if getattr(self, n) is not None]
+        """The source video: the route's (remix, edit, extension), or one of ``video_url``,
+        ``video_path`` and an ``image_reference`` entry's ``video_url`` (as an R2V memory slot's
+        ``video_url``); one per request, a second is refused naming its field."""
+        named = [(n, getattr(self, n)) for n in ("video_url", "video_path") if getattr(self, n) is not None]
+        for i, ref in enumerate(self.image_reference or ()):
+            if ref.video_url is not None:
+                named.append((_source_ref(ref, f"image_reference[{i}]"), ref.video_url))
         if given is not None and named:
-            raise InvalidField("this request already has its source video", named[0])
+            raise InvalidField("this request already has its source video", named[0][0])
         if len(named) > 1:
-            raise InvalidField("give one of video_url, video_path, not both", named[1])
+            raise InvalidField(f"one source video per request: {named[0][0]} is already one", named[1][0])
         if named:
-            return SourceRef(named[0], video=InputRef(named[0], getattr(self, named[0])))
+            name, value = named[0]
+            return SourceRef(name, video=InputRef(name, value))
         return given
 
     def _keyframe(self, names: tuple[str, ...], uploads: dict[str, Path]) -> InputRef | None:
@@ -320,8 +401,10 @@ class VideoCreateRequest(_Strict):
     def _memory(self) -> tuple[MemoryRef, ...]:
         out = []
         for i, ref in enumerate(self.image_reference or ()):
+            if ref.video_url is not None:
+                continue  # the source video (see _source), not a memory slot
             field = f"image_reference[{i}]"
-            image = _image_ref(ref, field)
+            image = _memory_image(ref, field)
             audio = InputRef(f"{field}.audio_url", ref.audio_url) if ref.audio_url else None
             out.append(MemoryRef(field, image=image, audio=audio))
         for i, character in enumerate(self.characters or ()):
@@ -421,18 +504,52 @@ def _frames(
     return None
 
 
-def _image_ref(ref: ReferenceObject, field: str) -> InputRef:
+def _no_file_id(ref: ReferenceObject, field: str) -> None:
     if ref.file_id is not None:
         raise InvalidField(
             "file_id references are not served (no Files store): send image_url", f"{field}.file_id"
         )
+
+
+def _image_ref(ref: ReferenceObject, field: str) -> InputRef:
+    """A keyframe (``first_frame``, ``last_frame``, ``input_reference``): one image, nothing else."""
+    _no_file_id(ref, field)
     if ref.video_url is not None:
         raise InvalidField(
-            "reference objects are images; a source video goes in video_url", f"{field}.video_url"
+            "a keyframe is an image; a source video goes in video_url or an image_reference entry",
+            f"{field}.video_url",
+        )
+    if ref.audio_url is not None:
+        raise InvalidField(
+            "a keyframe is an image and cannot carry audio; audio goes beside an image_reference "
+            "entry's image_url",
+            f"{field}.audio_url",
         )
     if ref.image_url is None:
         raise InvalidField("needs an image_url", field)
     return InputRef(f"{field}.image_url", ref.image_url)
+
+
+def _memory_image(ref: ReferenceObject, field: str) -> InputRef:
+    """An ``image_reference`` entry's image (its ``audio_url`` becomes the slot's audio)."""
+    _no_file_id(ref, field)
+    if ref.image_url is None:
+        raise InvalidField("needs an image_url (or a video_url: the source video)", field)
+    return InputRef(f"{field}.image_url", ref.image_url)
+
+
+def _source_ref(ref: ReferenceObject, field: str) -> str:
+    """The field of an ``image_reference`` entry that is the source video (its ``video_url``)."""
+    _no_file_id(ref, field)
+    for other in ("image_url", "audio_url"):
+        if getattr(ref, other) is not None:
+            raise InvalidField(
+                f"an entry with a video_url (the source video) takes no {other}; give it its own entry"
+                if other == "image_url"
+                else "audio_url goes beside an image_url, not beside a source video",
+                f"{field}.{other}",
+            )
+    return f"{field}.video_url"
 
 
 # -- responses ----------------------------------------------------------------------------------

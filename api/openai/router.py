@@ -33,7 +33,7 @@ from api.openai.protocol import (
     VideoList,
     version_of,
 )
-from api.openai.serving import VideoServing, not_found, openai_errors
+from api.openai.serving import VideoServing, not_found, openai_errors, sync_headers
 from api.openai.uploads import guarded_body
 from api.store import JobRecord, UnknownVersion
 from shotloom.media import file_sha256
@@ -260,18 +260,10 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
             message = video.error.message if video.error else f"{vid} was {video.status}"
             raise OpenAIError(status, message, code=video.error.code if video.error else video.status)
         path = serving.content_path(vid, "video")
-        ext = video.shotloom
-        headers = {
-            "X-Request-Id": vid,
-            "X-Model": video.model,
-            "X-Inference-Time-S": f"{sum(ext.stage_timings.values()):.3f}",
-            "X-Stage-Durations": json.dumps(ext.stage_timings, separators=(",", ":")),
-            "X-Peak-Memory-MB": f"{ext.peak_memory_mb:.1f}" if ext.peak_memory_mb is not None else "",
-        }
         return FileResponse(
             path,
             media_type="video/mp4",
-            headers=headers,
+            headers=sync_headers(video),
             background=BackgroundTask(serving.remove, job),  # the file goes once it is sent
         )
 

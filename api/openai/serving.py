@@ -3,6 +3,7 @@ objects (status, progress, phase, ETA), and the cancel/delete semantics of the v
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import time
@@ -19,6 +20,7 @@ from api.context import ApiContext
 from api.core.errors import EncoderMissing, InvalidField, NotFound, ServiceError, Unavailable
 from api.core.jobs import op_config
 from api.core.specs import InputRef, ShotSpec, SourceRef
+from api.core.timing import eta_s, stage_durations, working_seconds
 from api.core.views import JobViews
 from api.health import missing_encoders
 from api.openai.errors import OpenAIError, validation_error
@@ -63,7 +65,7 @@ _ENCODING = {
     stages.CONDITIONING,
 }
 POLL_QUEUED_MS, POLL_MIN_MS, POLL_MAX_MS = 2000, 250, 2000
-TIMING_CACHE_S = 5.0  # the median job time behind ETAs is re-read at most this often
+TIMING_CACHE_S = 5.0  # the stage times behind ETAs are re-read at most this often
 RUNNING_VIEW_S = 1.0  # a running job's cached answer is this fresh at most (its ETA moves)
 
 
@@ -162,7 +164,8 @@ def _progress(job: JobRecord, steps: int) -> tuple[int, int | None]:
     if job.status == "succeeded":
         return 100, steps
     prog = (job.live or {}).get("progress") or {}
-    done, total = prog.get("done", 0), max(1, prog.get("total", 1))
+    total = max(1, prog.get("total", 1))
+    done = min(max(0, prog.get("done", 0)), total)
     stage = job.stage
     if stage in (stages.QUEUED, *_ENCODING) or job.status == "queued":
         return 0, 0
@@ -174,19 +177,26 @@ def _progress(job: JobRecord, steps: int) -> tuple[int, int | None]:
         if prog.get("stage") == stages.DECODING:
             return DENOISED + (DECODED - DENOISED) * done // total, steps
         return DENOISED, steps
-    if stage == stages.WRITING:
+    if stage in (stages.WRITING, stages.MERGING):  # merging: an extension stitched after its source
         return DECODED, steps
     return 0, None
 
 
 def _stage_durations(job: JobRecord) -> dict[str, float]:
-    times = list(((job.live or {}).get("stage_times") or {}).items())
-    out = {}
-    for (stage, at), nxt in zip(times, [*times[1:], (None, job.finished_at)], strict=False):
-        end = nxt[1]
-        if end is not None and stage not in stages.TERMINAL:
-            out[stage] = round(max(0.0, end - at), 3)
-    return out
+    return stage_durations((job.live or {}).get("stage_times") or {}, job.finished_at)
+
+
+def sync_headers(video: Video) -> dict[str, str]:
+    """The headers of a ``/v1/videos/sync`` answer. ``X-Inference-Time-S`` is the time the job
+    was worked on: its stage timings less the waits (the queue, a wait for device memory)."""
+    ext = video.shotloom
+    return {
+        "X-Request-Id": video.id,
+        "X-Model": video.model,
+        "X-Inference-Time-S": f"{working_seconds(ext.stage_timings):.3f}",
+        "X-Stage-Durations": json.dumps(ext.stage_timings, separators=(",", ":")),
+        "X-Peak-Memory-MB": f"{ext.peak_memory_mb:.1f}" if ext.peak_memory_mb is not None else "",
+    }
 
 
 class VideoServing:
@@ -199,7 +209,8 @@ class VideoServing:
             # Checked at start: a bad operator default is a configuration error, not a client's.
             self._operator = VideoCreateRequest.model_validate({"prompt": "-", **self.config.default_request})
             self._operator.geometry()
-        self._timing: tuple[float, float | None] = (0.0, None)
+        # (when read, per-stage medians, median whole-job time) of recent finished jobs
+        self._timing: tuple[float, dict[str, float], float | None] = (-TIMING_CACHE_S - 1, {}, None)
 
     # -- the model --------------------------------------------------------------------------------
     def model_id(self) -> str:
@@ -513,12 +524,13 @@ class VideoServing:
 
         return JobViews(self.ctx.store, render, max_entries, max_age)
 
-    def median_job_s(self) -> float | None:
-        at, value = self._timing
+    def timing(self) -> tuple[dict[str, float], float | None]:
+        """(median seconds of each stage, median whole-job seconds) of recent finished jobs."""
+        at, medians, whole = self._timing
         if time.monotonic() - at > TIMING_CACHE_S:
-            value = self.jobs.job_seconds()
-            self._timing = (time.monotonic(), value)
-        return value
+            medians, whole = self.jobs.stage_seconds(), self.jobs.job_seconds()
+            self._timing = (time.monotonic(), medians, whole)
+        return medians, whole
 
     def video(self, job: JobRecord, position: int | None = None) -> Video:
         config = op_config(job)
@@ -578,18 +590,19 @@ class VideoServing:
         )
 
     def _eta(self, job: JobRecord, position: int | None) -> float | None:
+        """From the measured stage times of earlier jobs (see :func:`api.core.timing.eta_s`)."""
         if job.status not in ("queued", "running"):
             return 0.0 if job.status == "succeeded" else None
-        median = self.median_job_s()
-        if median is None:
-            return None
-        if job.status == "queued":
-            devices = max(1, len(self.ctx.worker_names))
-            return round(median * (1 + ((position or 1) - 1) // devices), 1)
-        times = (job.live or {}).get("stage_times") or {}
-        started = min((t for s, t in times.items() if s != stages.QUEUED), default=None)
-        elapsed = time.time() - started if started else 0.0
-        return round(max(0.0, median - elapsed), 1)
+        medians, whole = self.timing()
+        return eta_s(
+            job.status,
+            job.stage,
+            job.live,
+            medians,
+            position=position,
+            devices=len(self.ctx.worker_names),
+            whole_s=whole,
+        )
 
     @staticmethod
     def poll_after_ms(video: Video) -> int:

@@ -23,9 +23,17 @@ appended to the sequence and dropped after sampling, so a reference steers the c
 attention without becoming a frame of it; spreading them keeps the identity present throughout, and
 half strength lets pose and motion depart from the still. LTX-2 has no other image-reference input.
 
+Guides (``req.guides``): an image or a video anchored at a frame is a condition at that pixel
+frame, strength 1: at frame 0 it replaces the first latent frames, elsewhere its tokens are
+appended as a keyframe (a video as one multi-frame keyframe, on the VAE's 8k+1 frame grid: frames
+past the last whole latent step are dropped, as the pipeline's own ``trim_conditioning_sequence``).
+
 Audio in: the audio of (at most) one memory slot becomes the clip's soundtrack, cut or padded with
 silence to the clip, and the video is generated to it (audio-to-video). It is not a voice or timbre
 reference: LTX-2 has no such input. The output track is that audio through the audio VAE + vocoder.
+A guide's sound (a sound alone, or a guide video's own) is that one track instead, but anchored: it
+starts at the guide's frame, and only the audio tokens it covers are held clean (per-token audio
+timesteps, as the video's conditioning mask); the rest of the track is generated around it.
 """
 
 from __future__ import annotations
@@ -49,7 +57,8 @@ from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import InferenceConfig, Sampler, Tiling
 from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress, source_frames
 from shotloom.families.weights import build_checkpoint, ensure_checkpoint, place_pipeline
-from shotloom.request import GenerationRequest
+from shotloom.guides import guide_field, guide_frames
+from shotloom.request import GenerationRequest, Guide
 from shotloom.sampler import make_dmd_scheduler, pinned, seed_everything, strength_schedule
 
 PIPELINE = "LTX2ConditionPipeline"
@@ -226,11 +235,12 @@ def _tiny_components() -> dict[str, Any]:
 # -- helpers -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _ImageCondition:
-    role: str  # first_frame | last_frame | reference
+    role: str  # first_frame | last_frame | reference | guide
     field: str  # the request field it came from (named in errors)
     path: Path
     pixel_frame: int
     strength: float
+    guide: Guide | None = None  # a guide's frames are read as guides are (an image or a video)
 
 
 @dataclass(frozen=True)
@@ -442,6 +452,8 @@ class LTX2Adapter(FamilyAdapter):
             adapters=self.adapter_names(),
             anchors_need_two_latent_frames=True,  # one latent frame: nothing after the first to anchor
             max_audio_references=1,  # LTX-2 conditions on one audio track
+            frame_guides=True,  # conditions at any pixel frame (first-frame tokens or keyframes)
+            audio_guides=True,  # the one audio track, held where the guide's sound is
             fps=FPS,
             guidance_range=GUIDANCE_RANGE,
         )
@@ -454,15 +466,20 @@ class LTX2Adapter(FamilyAdapter):
         device = torch.device(self.device)
         # Read every input first: a bad file fails before any encoder runs.
         conditions = self._image_conditions(req)
-        images = []
+        images: list[Image.Image | np.ndarray] = []
         for c in conditions:
+            if c.guide is not None:
+                frames = guide_frames(c.guide, c.field, req.num_frames)
+                images.append(Image.fromarray(frames[0]) if len(frames) == 1 else np.stack(frames))
+                continue
             with _reading(c.field):
                 images.append(_open_rgb(c.path))
-        audio = self._read_slot_audio(req)
+        audio, audio_mask = self._read_input_audio(req)
         source = None
         if req.source_video is not None:
             source = source_frames(req.source_video, req.num_frames, req.width, req.height)
-        source_audio = self._read_source_audio(req) if source is not None and audio is None else None
+        whole = audio is not None and audio_mask is None  # the input track is the whole soundtrack
+        source_audio = self._read_source_audio(req) if source is not None and not whole else None
         tensors = self._encode_text(req, device)
         with _untiled(self.pipe.vae):
             for i, image in enumerate(images):
@@ -471,6 +488,8 @@ class LTX2Adapter(FamilyAdapter):
                 tensors["source_latents"] = self._encode_source(source, device)
         if audio is not None:
             tensors["audio_latents"] = self._encode_audio(audio, req, device)
+        if audio_mask is not None:
+            tensors["audio_mask"] = audio_mask
         if source_audio is not None:
             tensors["source_audio_latents"] = self._encode_audio(source_audio, req, device)
         meta = {
@@ -520,10 +539,16 @@ class LTX2Adapter(FamilyAdapter):
             frame = max(1, round((i + 1) * last / (n + 1)))  # evenly spread, never frame 0 (that overwrites)
             field = f"memory[{i}].image"
             out.append(_ImageCondition("reference", field, slot.image, frame, REFERENCE_STRENGTH))
+        for i, guide in enumerate(req.guides):
+            if guide.kind == "video":
+                out.append(_ImageCondition("guide", guide_field(i), guide.path, guide.frame, 1.0, guide))
         return out
 
-    def _encode_image(self, image: Image.Image, req: GenerationRequest, device: torch.device) -> torch.Tensor:
-        """The pipeline's own preprocessing (H.264 CRF re-compression, cover-resize, crop) + VAE mode."""
+    def _encode_image(
+        self, image: Image.Image | np.ndarray, req: GenerationRequest, device: torch.device
+    ) -> torch.Tensor:
+        """The pipeline's own preprocessing (H.264 CRF re-compression of a still, cover-resize, crop,
+        a video trimmed to the 8k+1 grid) + VAE mode."""
         from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
 
         pipe = self.pipe
@@ -559,12 +584,37 @@ class LTX2Adapter(FamilyAdapter):
             wave = _read_audio(path, pipe.audio_sampling_rate, channels, span)
         return _fit(wave, span)  # silence past the input's end
 
-    def _read_slot_audio(self, req: GenerationRequest) -> np.ndarray | None:
-        """The memory slot's audio at the audio VAE's rate, covering exactly the clip's audio latents."""
+    def _read_input_audio(self, req: GenerationRequest) -> tuple[np.ndarray | None, torch.Tensor | None]:
+        """The one input track at the audio VAE's rate, covering exactly the clip's audio latents,
+        and which audio latent frames it holds ((1, frames), 1 = held; None: all of them): a memory
+        slot's audio (the whole track), or a guide's sound (from its frame on). (None, None) without."""
         slot = next((i for i, s in enumerate(req.memory) if s.audio is not None), None)
-        if slot is None:
-            return None
-        return self._audio_span(req.memory[slot].audio, req, f"memory[{slot}].audio")
+        if slot is not None:
+            return self._audio_span(req.memory[slot].audio, req, f"memory[{slot}].audio"), None
+        for i, guide in enumerate(req.guides):
+            if guide.kind == "audio" or guide.with_audio:
+                wave, mask = self._guide_audio(guide, req, guide_field(i))
+                return wave, None if bool(mask.all()) else mask
+        return None, None
+
+    def _guide_audio(
+        self, guide: Guide, req: GenerationRequest, field: str
+    ) -> tuple[np.ndarray, torch.Tensor]:
+        """A guide's sound placed at its frame (snapped to an audio latent frame) in a silent track
+        as long as the clip's audio latents, cut at the clip's end; and the latent frames it covers."""
+        pipe = self.pipe
+        dims = self._dims(req)
+        per_latent = pipe.audio_vae_temporal_compression_ratio * pipe.audio_hop_length  # samples
+        start = min(dims.audio_frames, round(guide.frame / req.fps * pipe.audio_sampling_rate / per_latent))
+        span = dims.audio_frames * per_latent
+        channels = pipe.audio_vae.config.in_channels
+        with _reading(field):
+            sound = _read_audio(guide.path, pipe.audio_sampling_rate, channels, span - start * per_latent)
+        wave = np.zeros((channels, span), dtype=np.float32)
+        wave[:, start * per_latent : start * per_latent + sound.shape[1]] = sound
+        mask = torch.zeros(1, dims.audio_frames)
+        mask[:, start : min(dims.audio_frames, start + math.ceil(sound.shape[1] / per_latent))] = 1.0
+        return wave, mask
 
     def _encode_audio(self, wave: np.ndarray, req: GenerationRequest, device: torch.device) -> torch.Tensor:
         """Log-mel, then the audio VAE: raw latents (1, C, frames, mel), as __call__'s ``audio_latents``."""
@@ -602,7 +652,8 @@ class LTX2Adapter(FamilyAdapter):
         held = "audio_latents" in t
         audio = self._prepare_audio(t, dims, generator, device, sigma0 if v2v else None)
         # 3. Sample.
-        latents, audio = self._sample(t, video, audio, held, (sched, audio_sched), req, dims, progress)
+        hold = self._audio_hold(t) if held else None
+        latents, audio = self._sample(t, video, audio, held, hold, (sched, audio_sched), req, dims, progress)
         # 4. Unpack and denormalise, as __call__ does for output_type="latent".
         vae, avae = pipe.vae, pipe.audio_vae
         latents = pipe._unpack_latents(
@@ -628,6 +679,9 @@ class LTX2Adapter(FamilyAdapter):
             "shape": list(latents.shape),
             "audio_shape": list(audio.shape),
             "audio_held": held,
+            "audio_held_frames": int(t["audio_mask"].sum())
+            if "audio_mask" in t
+            else dims.audio_frames * held,
             "width": req.width,
             "height": req.height,
             "num_frames": req.num_frames,
@@ -707,7 +761,8 @@ class LTX2Adapter(FamilyAdapter):
                 kf_shape[3],
                 kf_shape[4],
                 pixel_frame_idx=c["pixel_frame"],
-                num_pixel_frames=1,
+                # A still is one pixel frame; a guide video's latent frames are 8 each after the first.
+                num_pixel_frames=(kf_shape[2] - 1) * pipe.vae_temporal_compression_ratio + 1,
                 fps=float(req.fps),
                 device=device,
             )
@@ -718,6 +773,16 @@ class LTX2Adapter(FamilyAdapter):
         noise = _randn(latents.shape, generator, device)
         scaled = (1.0 - mask) * noise_scale  # conditioned tokens start (1 - strength) of the way to noise
         return _Video(noise * scaled + latents * (1 - scaled), mask, clean, coords, clip_tokens)
+
+    def _audio_hold(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A partly held input track: (mask (1, tokens, 1), its clean packed latents); None when the
+        whole track is held (or none is)."""
+        if "audio_mask" not in t:
+            return None
+        pipe, avae = self.pipe, self.pipe.audio_vae
+        packed = pipe._pack_audio_latents(t["audio_latents"].float())
+        clean = pipe._normalize_audio_latents(packed, avae.latents_mean, avae.latents_std)
+        return t["audio_mask"].float().view(1, -1, 1), clean
 
     def _prepare_audio(
         self,
@@ -736,15 +801,21 @@ class LTX2Adapter(FamilyAdapter):
             packed = pipe._pack_audio_latents(raw.float())
             return pipe._normalize_audio_latents(packed, avae.latents_mean, avae.latents_std)
 
-        if "audio_latents" in t:
+        if "audio_latents" in t and "audio_mask" not in t:
             return normalised(t["audio_latents"])
         shape = (1, dims.audio_frames, pipe.audio_latent_channels * self._latent_mel_bins)
         noise = _randn(shape, generator, device)
         if v2v_sigma is None:
-            return noise
-        source = t.get("source_audio_latents")
-        clean = normalised(source) if source is not None else torch.zeros_like(noise)
-        return noise * v2v_sigma + clean * (1.0 - v2v_sigma)
+            start = noise
+        else:
+            source = t.get("source_audio_latents")
+            clean = normalised(source) if source is not None else torch.zeros_like(noise)
+            start = noise * v2v_sigma + clean * (1.0 - v2v_sigma)
+        if "audio_mask" not in t:
+            return start
+        # A guide's sound: its tokens start (and stay) clean, the others as without it.
+        held = t["audio_mask"].float().view(1, -1, 1)
+        return start * (1 - held) + normalised(t["audio_latents"]) * held
 
     def _sample(
         self,
@@ -752,12 +823,16 @@ class LTX2Adapter(FamilyAdapter):
         video: _Video,
         audio: torch.Tensor,
         held: bool,
+        hold: tuple[torch.Tensor, torch.Tensor] | None,
         schedulers: tuple,
         req: GenerationRequest,
         dims: _Dims,
         progress: Progress | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The denoising loop of ``__call__`` (no STG / modality guidance: DMD checkpoints are distilled)."""
+        """The denoising loop of ``__call__`` (no STG / modality guidance: DMD checkpoints are distilled).
+
+        ``held``: an input track is held clean; ``hold`` (mask, clean latents) when only part of it is
+        (a guide's sound): those tokens at timestep 0, the others denoised like the video's tokens."""
         pipe = self.pipe
         device = torch.device(self.device)
         sched, audio_sched = schedulers
@@ -777,7 +852,13 @@ class LTX2Adapter(FamilyAdapter):
         steps = len(sched.timesteps)
         for i, step_t in enumerate(sched.timesteps):
             timestep = step_t.expand(batch)
-            audio_timestep = torch.zeros_like(timestep) if held else audio_sched.timesteps[i].expand(batch)
+            audio_step = audio_sched.timesteps[i].expand(batch)
+            if hold is not None:  # per-token timesteps: held tokens at 0
+                audio_timestep = audio_step.unsqueeze(-1) * (1 - rep(hold[0]).squeeze(-1))
+                audio_sigma = audio_step  # the cross-attention's level: the generated tokens'
+            else:
+                audio_timestep = torch.zeros_like(timestep) if held else audio_step
+                audio_sigma = audio_timestep
             pred_video, pred_audio = pipe.transformer(
                 hidden_states=rep(latents).to(dtype),
                 audio_hidden_states=rep(audio).to(dtype),
@@ -786,7 +867,7 @@ class LTX2Adapter(FamilyAdapter):
                 timestep=timestep.unsqueeze(-1) * (1 - mask_in.squeeze(-1)),
                 audio_timestep=audio_timestep,
                 sigma=timestep,
-                audio_sigma=audio_timestep,
+                audio_sigma=audio_sigma,
                 encoder_attention_mask=text[2],
                 audio_encoder_attention_mask=text[2],
                 num_frames=dims.frames,
@@ -806,10 +887,17 @@ class LTX2Adapter(FamilyAdapter):
             renoised = sched.step((latents - x0) / sigma, step_t, latents, return_dict=False)[0]
             # Re-noise each token to sigma_next * (1 - s); lerp is exact at weights 0 and 1.
             latents = torch.lerp(x0, renoised, 1 - video.mask)
-            if not held:
-                audio_sigma = audio_sched.sigmas[i]
-                audio_x0 = _guided_x0(audio, pred_audio.float(), audio_sigma, req.guidance_scale)
-                velocity = (audio - audio_x0) / audio_sigma
+            if hold is not None:  # as the video's conditioned tokens: held ones stay exactly clean
+                mask, clean = hold
+                level = audio_sched.sigmas[i]
+                audio_x0 = _guided_x0(audio, pred_audio.float(), level * (1 - mask), req.guidance_scale)
+                audio_x0 = (audio_x0 * (1 - mask) + clean * mask).to(audio_x0.dtype)
+                renoised = audio_sched.step((audio - audio_x0) / level, step_t, audio, return_dict=False)[0]
+                audio = torch.lerp(audio_x0, renoised, 1 - mask)
+            elif not held:
+                level = audio_sched.sigmas[i]
+                audio_x0 = _guided_x0(audio, pred_audio.float(), level, req.guidance_scale)
+                velocity = (audio - audio_x0) / level
                 audio = audio_sched.step(velocity, step_t, audio, return_dict=False)[0]
             if progress is not None:
                 progress(i + 1, steps)  # may raise (cancel): propagates

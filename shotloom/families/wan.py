@@ -27,6 +27,7 @@ from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import InferenceConfig, Tiling
 from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress, fit_image, source_frames
 from shotloom.families.weights import build_checkpoint, ensure_checkpoint, place_pipeline
+from shotloom.guides import guide_field, guide_frames
 from shotloom.request import GenerationRequest
 from shotloom.sampler import make_dmd_scheduler, pinned, seed_everything, strength_schedule
 
@@ -312,6 +313,8 @@ class WanAdapter(FamilyAdapter):
             video_to_video=True,
             adapters=self.adapter_names(),
             references_per_latent_frame=kind == VACE,  # VACE prepends one latent frame per reference
+            frame_guides=kind == VACE,  # frames kept at their positions in VACE's masked video
+            audio_guides=False,  # Wan makes no sound, and conditions on none
         )
 
     def check(self, req: GenerationRequest) -> None:
@@ -326,6 +329,8 @@ class WanAdapter(FamilyAdapter):
         self.check(req)
         pipe = self.pipe
         device = pipe._execution_device
+        # Read the VACE video (frames and guides) first: a bad file fails before any encoder runs.
+        vace_video = self._vace_video(req) if self.kind == VACE else None
         use_negative = req.guidance_scale > 1.0
         prompt_embeds, negative = pipe.encode_prompt(
             prompt=req.prompt,
@@ -338,8 +343,8 @@ class WanAdapter(FamilyAdapter):
         if negative is not None:
             tensors["negative_prompt_embeds"] = negative
         num_refs = 0
-        if self.kind == VACE:
-            vace, num_refs = self._encode_vace(req, device)
+        if vace_video is not None:
+            vace, num_refs = self._encode_vace(req, device, vace_video)
             tensors.update(vace)
         elif self.kind == I2V:
             tensors.update(self._encode_i2v(req, device))
@@ -357,8 +362,14 @@ class WanAdapter(FamilyAdapter):
         return TensorBundle({k: v.detach().to("cpu") for k, v in tensors.items()}, meta)
 
     def _vace_video(self, req: GenerationRequest) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """First/last frame as a masked VACE video: given frames kept (mask 0), the rest generated."""
-        if req.first_frame is None and req.last_frame is None:
+        """First/last frame and guides as a masked VACE video: given frames kept (mask 0) at their
+        positions, the rest generated. A guide video's frames go one per clip frame from its frame."""
+        guides = [
+            (g, guide_frames(g, guide_field(i), req.num_frames))
+            for i, g in enumerate(req.guides)
+            if g.kind == "video"  # sounds: refused by the capabilities (Wan takes none)
+        ]
+        if req.first_frame is None and req.last_frame is None and not guides:
             return None, None  # the pipeline's own default: an all-zero video, all-ones mask
         shape = (1, req.num_frames, req.height, req.width, 3)  # 5-D (B, F, H, W, C) floats in [0, 1]
         video = np.full(shape, 0.5, dtype=np.float32)  # 0.5 = 0 in the VAE's [-1, 1]: "unknown"
@@ -367,11 +378,18 @@ class WanAdapter(FamilyAdapter):
             if path is not None:
                 video[0, index] = np.asarray(_load_rgb(path, req.width, req.height), dtype=np.float32) / 255.0
                 mask[0, index] = 0.0
+        for guide, frames in guides:
+            for offset, frame in enumerate(frames):
+                fitted = fit_image(Image.fromarray(frame), req.width, req.height)
+                video[0, guide.frame + offset] = np.asarray(fitted, dtype=np.float32) / 255.0
+                mask[0, guide.frame + offset] = 0.0
         return video, mask
 
-    def _encode_vace(self, req: GenerationRequest, device) -> tuple[dict[str, torch.Tensor], int]:
+    def _encode_vace(
+        self, req: GenerationRequest, device, vace_video: tuple[np.ndarray | None, np.ndarray | None]
+    ) -> tuple[dict[str, torch.Tensor], int]:
         pipe = self.pipe
-        video, mask = self._vace_video(req)
+        video, mask = vace_video
         refs = [_load_rgb_any(slot.image) for slot in req.memory] or None
         video, mask, refs = pipe.preprocess_conditions(
             video, mask, refs, 1, req.height, req.width, req.num_frames, torch.float32, device
