@@ -173,7 +173,7 @@ class Stack:
                 self.commands[f"worker-{name}"] = [*cmd, "--threads", "1", *common]
         if self.role in ("all", "control"):
             workspace = ["-w", str(cfg.workspace)]
-            self.commands["daemon"] = [py, "-m", "dagster._daemon", "run", *workspace]
+            self.commands["daemon"] = [py, "-m", "orchestration.daemon", "run", *workspace]
             web = cfg.webserver
             self.commands["webserver"] = [
                 py, "-m", "dagster_webserver", "-h", web.host, "-p", str(web.port), *workspace

@@ -4,7 +4,8 @@ operator's queue control (pause intake to the devices, change a queued run's pri
 The stock coordinator takes whole seconds, and a run submitted to idle workers waits on
 average half an interval plus one daemon iteration before it is launched: with 1 s that
 was the largest piece of the per-run orchestration overhead (bench/scheduler.py). The
-daemon's interval loop sleeps in 0.5 s slices, so intervals below 0.5 s behave as 0.5 s.
+stock daemon's interval loop sleeps in 0.5 s slices; ``orchestration.daemon`` (what server.py
+runs) waits in shorter ones, so intervals below 0.5 s take effect.
 
 The daemon asks for the queue's config at every dequeue: that is where queue control applies.
 The limits of the two pools are the workers alive in the shared registry right now (on every host:

@@ -185,7 +185,7 @@ class ServerConfig(_Strict):
     retries: RetriesConfig = RetriesConfig()
     api: ApiConfig = ApiConfig()
     dequeue_interval_seconds: float = Field(
-        default=0.5, gt=0, description="How often the daemon launches queued runs (>= 0.5 s in effect)."
+        default=0.25, gt=0, description="How often the daemon launches queued runs."
     )
     media_root: Path | None = Field(default=None, description="Default: <state_dir>/media.")
     step_storage: Path | None = Field(default=None, description="Default: <state_dir>/steps.")

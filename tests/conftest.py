@@ -184,7 +184,7 @@ class Stack:
                 cmd = child.cmdline()
             except psutil.NoSuchProcess:
                 continue
-            if "dagster._daemon" in cmd:
+            if "orchestration.daemon" in cmd:
                 out["daemon"] = child
             elif "dagster_webserver" in cmd:
                 out["webserver"] = child

@@ -97,10 +97,18 @@ def test_generated_dagster_yaml_builds_the_instance(tmp_path):
         assert isinstance(instance.run_launcher, DeviceRunLauncher)
         assert instance.run_launcher.supports_check_run_worker_health
         coordinator = instance.run_coordinator
-        assert coordinator.dequeue_interval_seconds == 0.5
+        assert coordinator.dequeue_interval_seconds == 0.25
         # The daemon reads the interval from the coordinator (a float: sub-second dequeue).
         dequeuer = create_daemon_of_type(QueuedRunCoordinatorDaemon.daemon_type(), instance)
-        assert dequeuer.interval_seconds == 0.5
+        assert dequeuer.interval_seconds == 0.25
+        # server.py's daemon waits between dequeues in slices shorter than the interval.
+        from orchestration.daemon import WAIT_SLICE_S, _ShortWaits
+
+        waits: list[float | None] = []
+        event = type("Event", (), {"wait": lambda self, t=None: waits.append(t) or False})()
+        short = _ShortWaits(event, WAIT_SLICE_S)
+        short.wait(0.5), short.wait(0.01), short.wait()
+        assert waits == [WAIT_SLICE_S, 0.01, WAIT_SLICE_S]
         # One slot per worker alive in the registry, per pool (on any host): none registered yet.
         limits = coordinator.get_run_queue_config().tag_concurrency_limits
         assert limits == [{"key": GPU_TAG, "limit": 0}, {"key": MEDIA_TAG, "limit": 0}]
