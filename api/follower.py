@@ -115,7 +115,8 @@ class Follower:
     def start(self) -> None:
         loops = (
             ("submit", lambda: self._loop((self.submit_pending,), self.wake)),
-            ("follow", lambda: self._loop((self.follow_runs, self.refresh_workers), self.stopping)),
+            ("follow", lambda: self._loop((self.follow_runs,), self.stopping)),
+            ("workers", self._every(self.refresh_workers, self.api.workers_refresh_seconds, now=True)),
             ("callbacks", self._callback_loop),
         )
         loops += tuple((name, self._every(duty, seconds)) for name, duty, seconds in self._periodic)
@@ -129,9 +130,13 @@ class Follower:
         """Run ``duty`` on its own thread every ``seconds`` once started (e.g. the job store sweep)."""
         self._periodic.append((name, duty, seconds))
 
-    def _every(self, duty: Callable[[], object], seconds: float) -> Callable[[], None]:
+    def _every(self, duty: Callable[[], object], seconds: float, now: bool = False) -> Callable[[], None]:
+        """A loop running ``duty`` every ``seconds`` (first at once when ``now``) until stopped."""
+
         def loop() -> None:
-            while not self.stopping.wait(seconds):
+            first = now
+            while first or not self.stopping.wait(seconds):
+                first = False
                 try:
                     duty()
                 except Exception as exc:
@@ -163,7 +168,7 @@ class Follower:
                 except Exception as exc:  # a locked DB, a bad answer...: next tick
                     log.warning("%s: %s", duty.__name__, exc)
                 else:
-                    if down_since is not None and duty is not self.refresh_workers:
+                    if down_since is not None:
                         log.info("Dagster reachable again after %.1fs", time.monotonic() - down_since)
                         down_since = None
             pause.wait(self.poll_seconds)
@@ -300,10 +305,12 @@ class Follower:
     def cancel_requested(self) -> None:
         """Cancel requests are durable: a run whose terminate did not take (the webserver was
         down, the run was still being submitted) is asked again, every few seconds."""
-        now = time.monotonic()
+        now, wall = time.monotonic(), time.time()
         for job in self.store.cancel_requested():
             if job.run_id is None or now - self._cancel_asked.get(job.version_id, 0.0) < CANCEL_RETRY_S:
                 continue
+            if wall - (job.cancel_requested_at or 0.0) < CANCEL_RETRY_S:
+                continue  # the request itself asked Dagster just now: ask again only if it did not take
             self._cancel_asked[job.version_id] = now
             try:
                 self.gateway.terminate(job.run_id, wait_starting_s=0)

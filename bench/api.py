@@ -74,7 +74,9 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THRE
 
 
 # -- the service ---------------------------------------------------------------------------------
-def write_config(root: Path, max_queue: int, cpu_nice: int | None = None) -> tuple[Path, Path]:
+def write_config(
+    root: Path, max_queue: int, cpu_nice: int | None = None, dequeue_interval: float | None = None
+) -> tuple[Path, Path]:
     """Server YAML: 2 one-thread CPU workers, the tiny Wan model built into ``root``, free ports."""
     from shotloom.families.wan import WanAdapter
 
@@ -98,6 +100,7 @@ def write_config(root: Path, max_queue: int, cpu_nice: int | None = None) -> tup
         },
         "monitoring": {"poll_interval_seconds": 2},
         "api": {"host": "127.0.0.1", "port": free_port(), "max_queue": max_queue},
+        **({} if dequeue_interval is None else {"dequeue_interval_seconds": dequeue_interval}),
     }))  # fmt: skip
     return config, state
 
@@ -114,17 +117,36 @@ def api_process(stack: ApiStack) -> psutil.Process | None:
     return None
 
 
-def tree_cpu_seconds(stack: ApiStack) -> float:
-    """CPU seconds of server.py and everything it started (webserver, daemon, workers, API)."""
-    total = 0.0
+def tree_cpu_seconds(stack: ApiStack) -> dict[str, float]:
+    """CPU seconds of server.py and everything it started, by role (server, webserver, daemon,
+    code-server, api, worker-<name>; the total under "total")."""
     try:
         procs = [psutil.Process(stack.proc.pid)]
         procs += procs[0].children(recursive=True)
     except psutil.Error:
-        return float("nan")
+        return {"total": float("nan")}
+    out: dict[str, float] = {}
     for p in procs:
-        total += cpu_seconds(p)
-    return total
+        role = process_role(p)
+        out[role] = out.get(role, 0.0) + cpu_seconds(p)
+    out["total"] = sum(out.values())
+    return out
+
+
+def process_role(p: psutil.Process) -> str:
+    try:
+        cmd = " ".join(p.cmdline())
+    except psutil.Error:
+        return "gone"
+    for needle, role in (
+        ("orchestration.daemon", "daemon"), ("dagster_webserver", "webserver"), ("-m api", "api"),
+        ("code_server", "code-server"), ("api_grpc", "code-server"), ("server.py", "server"),
+    ):  # fmt: skip
+        if needle in cmd:
+            return role
+    if "orchestration.worker" in cmd:
+        return "worker-" + cmd.split("--name ", 1)[-1].split(" ", 1)[0]
+    return "other"
 
 
 def cpu_seconds(proc: psutil.Process | None) -> float:
@@ -380,12 +402,14 @@ def measure_version(host: str, port: int, versions: list[str], pollers: int, sec
         return time.perf_counter() - began
 
     cpu0, client0 = cpu_seconds(api), time.process_time()
-    tree0 = tree_cpu_seconds(stack) if stack else float("nan")
+    tree0 = tree_cpu_seconds(stack) if stack else {"total": float("nan")}
     psutil.cpu_percent()
     elapsed = asyncio.run(run_all())
     cpu, client_cpu = cpu_seconds(api) - cpu0, time.process_time() - client0
     host_busy = psutil.cpu_percent() / 100 * (os.cpu_count() or 1)
-    tree = (tree_cpu_seconds(stack) if stack else float("nan")) - tree0
+    tree1 = tree_cpu_seconds(stack) if stack else {"total": float("nan")}
+    roles = {r: (tree1[r] - tree0.get(r, 0.0)) / elapsed for r in tree1 if r != "total"}
+    tree = tree1["total"] - tree0["total"]
     ms = [t * 1000 for times in per_poller for t in times]
     if not ms:
         raise RuntimeError(f"no GET /version answered: {errors[:5]}")
@@ -403,6 +427,7 @@ def measure_version(host: str, port: int, versions: list[str], pollers: int, sec
         "api_cpu_util": cpu / elapsed,
         "client_cpu_util": client_cpu / elapsed,
         "service_cpu_util": tree / elapsed,
+        "roles_cpu_util": dict(sorted(roles.items(), key=lambda kv: -kv[1])),
         "host_cpu_util": host_busy,
     }
 
@@ -417,6 +442,7 @@ def main() -> None:
     p.add_argument("--burst", type=int, default=100, help="POST /r2v sent as fast as possible")
     p.add_argument("--merges", type=int, default=5, help="sequential POST /merge of three finished shots")
     p.add_argument("--cpu-nice", type=int, help="workers.cpu_nice (default: the server's)")
+    p.add_argument("--dequeue-interval", type=float, help="dequeue_interval_seconds (default: the server's)")
     p.add_argument("--keep", action="store_true", help="keep the temporary state dir")
     args = p.parse_args()
     for key, value in ONE_THREAD.items():
@@ -427,7 +453,9 @@ def main() -> None:
     stack = None
     try:
         max_queue = max(1000, 2 * (args.requests + args.v1_requests))
-        config, state = write_config(root, max_queue=max_queue, cpu_nice=args.cpu_nice)
+        config, state = write_config(
+            root, max_queue=max_queue, cpu_nice=args.cpu_nice, dequeue_interval=args.dequeue_interval
+        )
         print("starting server.py (webserver, daemon, 2 CPU workers, API) ...", flush=True)
         started = time.monotonic()
         stack = launch(config, state)
@@ -517,6 +545,7 @@ def report(
         f"{version['service_cpu_util']:.2f}, bench client {version['client_cpu_util']:.2f}, "
         f"host {version['host_cpu_util']:.2f} of {os.cpu_count()}"
     )
+    print("  by process: " + ", ".join(f"{r} {c:.2f}" for r, c in version["roles_cpu_util"].items()))
     print(f"r2v queue at the end (API's view): {queue}; submitted to Dagster: {health['submitted']}")
     print(f"start: GET /health 200 {start_s:.1f} s after server.py was launched")
     print(

@@ -34,7 +34,7 @@ from dagster._core.launcher import (
     RunLauncher,
     WorkerStatus,
 )
-from dagster._core.storage.dagster_run import DagsterRun
+from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
 from orchestration.registry import WorkerRecord, WorkerRegistry
@@ -244,6 +244,11 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             return False
         if run_pool(run) is None:
             return self._fallback().terminate(run_id)
+        if run.status == DagsterRunStatus.CANCELING:
+            # Already being canceled: two terminates racing on a queued run (the queue cancels it,
+            # then this would write CANCELING over its CANCELED, and the run would hold a device
+            # slot until monitoring's cancel timeout).
+            return False
         self._instance.report_run_canceling(run)
         record = self._record(run.tags.get(WORKER_TAG, ""))
         if record is None or record.boot_id != run.tags.get(BOOT_TAG):

@@ -111,7 +111,8 @@ def runtimes_snapshot() -> list[dict[str, Any]]:
             "location": rt.weight_location(),
             "capabilities": _capabilities(key, rt),
         }
-        for key, rt in list(rt_module.RUNTIMES.items())
+        # While the warm-up thread still imports the module, RUNTIMES may not exist yet.
+        for key, rt in list(getattr(rt_module, "RUNTIMES", {}).items())
     ]
 
 

@@ -131,6 +131,12 @@ class ApiConfig(_Strict):
         description="How often the API reads the status of unfinished runs (one GraphQL query for all, "
         "plus the new events of running ones): how soon a finished job reads as finished.",
     )
+    workers_refresh_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often the API asks each worker for its /status (device, weights, resources "
+        "shown on running jobs and /health); apart from the run follow, which is more frequent.",
+    )
     max_queue: int = Field(
         default=100, ge=1, description="Queued jobs (per kind) past which POST answers 503."
     )

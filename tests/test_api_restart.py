@@ -33,19 +33,29 @@ def test_kill_9_of_everything_loses_nothing_and_reruns_nothing(tmp_path, wan_che
         assert before["status"] == "succeeded"
         wait_for(lambda: receiver.attempts, 30, "a first (refused) callback attempt")
 
-        # Longer jobs, more than the two workers: some running, some queued at the kill.
+        # Longer jobs, more than the two workers: a /v1 video and an r2v shot running at the kill,
+        # the rest queued (/v1 videos are the same durable jobs as r2v shots).
+        at_kill = {"prompt": "v1 at the kill", "size": "96x96", "seconds": "2"}
+        running = stack.post("/v1/videos", at_kill).json()
         long = {"num_frames": 33, "width": 96, "height": 96}
         pending = [stack.post("/r2v", shot(f"p{i}", **long)).json()["version_id"] for i in range(4)]
-        # /v1 videos are the same durable jobs: queued behind the r2v ones at the kill.
         videos = [
             stack.post("/v1/videos", {"prompt": f"v1 clip {i}", "size": "64x64", "seconds": "1"}).json()
             for i in range(2)
         ]
         pending += [v["shotloom"]["version_id"] for v in videos]
         wait_for(
-            lambda: stack.get(f"/version/{pending[0]}").json()["status"] == "running", 60, "a running job"
+            lambda: (
+                stack.get(f"/version/{pending[0]}").json()["status"] == "running"
+                and stack.get(f"/v1/videos/{running['id']}").json()["status"] == "in_progress"
+            ),
+            60,
+            "a running /v1 video and a running r2v shot",
         )
+        assert stack.get(f"/v1/videos/{running['id']}").json()["status"] == "in_progress"  # at the kill
         kill_everything(stack)
+        videos.insert(0, running)
+        pending.insert(0, running["shotloom"]["version_id"])
 
         # Accepted while the service was down, as if the API died between answering and submitting.
         api_cfg = ApiConfig.model_validate(settings["api"])
@@ -62,6 +72,7 @@ def test_kill_9_of_everything_loses_nothing_and_reruns_nothing(tmp_path, wan_che
         statuses = [stack.get(f"/version/{v}").json() for v in pending]
         # The runs the kill interrupted were put back in the FIFO, visibly.
         assert any("recovered" in s["stage_times"] for s in statuses), statuses
+        assert "recovered" in statuses[0]["stage_times"], statuses[0]  # the /v1 video running at the kill
 
         for video in videos:  # completed, not failed with server_restarted
             body = stack.get(f"/v1/videos/{video['id']}").json()

@@ -83,6 +83,31 @@ def test_launcher_imports_without_torch():
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
+def test_a_terminate_racing_another_on_a_queued_run_changes_nothing(tmp_path):
+    """Two terminates of one queued run at once (a client's cancel and the API's retry): the queue
+    cancels it, and the second, finding it CANCELING, must not write CANCELING again over the
+    CANCELED that follows (the run would then hold a device slot until the cancel timeout)."""
+    from dagster import DagsterEventType
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    cfg = ServerConfig.model_validate(
+        {
+            "state_dir": str(tmp_path),
+            "inference": {"config": "configs/inference.wan-tiny.yaml"},
+            "workers": {"devices": [{"device": "cpu"}]},
+        }
+    ).resolved()
+    cfg.write_dagster_yaml()
+    with DagsterInstance.from_config(str(cfg.dagster_home)) as instance:
+        run = instance.add_run(DagsterRun(job_name="r2v", run_id="r" * 32, tags={GPU_TAG: "1"}))
+        instance.report_run_canceling(run, message="Canceling run from the queue.")  # the first
+        assert instance.run_launcher.terminate(run.run_id) is False  # the second
+        instance.report_run_canceled(instance.get_run_by_id(run.run_id))
+        assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.CANCELED
+        kinds = [e.dagster_event_type for e in instance.all_logs(run.run_id) if e.dagster_event]
+        assert kinds.count(DagsterEventType.RUN_CANCELING) == 1
+
+
 def test_generated_dagster_yaml_builds_the_instance(tmp_path):
     cfg = ServerConfig.model_validate(
         {
