@@ -303,8 +303,11 @@ query { workspaceOrError { __typename ... on Workspace {
 class Stack:
     """server.py with ``workers`` one-thread CPU workers in its own state dir."""
 
-    def __init__(self, root: Path, workers: int, cpu_nice: int | None = None):
+    def __init__(
+        self, root: Path, workers: int, cpu_nice: int | None = None, dequeue_interval: float | None = None
+    ):
         self.root, self.workers, self.cpu_nice = root, workers, cpu_nice
+        self.dequeue_interval = dequeue_interval
         self.state = root / "state"
         self.port = free_port()
         self.config = root / "server.yaml"
@@ -325,6 +328,7 @@ class Stack:
             },
             "media_root": str(self.root / "media"),
             "step_storage": str(self.root / "steps"),
+            **({} if self.dequeue_interval is None else {"dequeue_interval_seconds": self.dequeue_interval}),
         }))  # fmt: skip
 
     def log(self, name: str = "server") -> str:
@@ -649,6 +653,7 @@ def main() -> None:
     p.add_argument("--long-samples", type=int, default=5, help="long runs submitted one at a time")
     p.add_argument("--samples", type=int, default=7, help="runs submitted one at a time (latency, overhead)")
     p.add_argument("--cpu-nice", type=int, help="workers.cpu_nice (default: the server's, 10)")
+    p.add_argument("--dequeue-interval", type=float, help="dequeue_interval_seconds (default: the server's)")
     p.add_argument("--quick", action="store_true", help="small jobs, few of them: a smoke run")
     p.add_argument("--keep", action="store_true", help="keep the temporary state dirs")
     p.add_argument("--hosts", type=int, choices=(1, 2), default=1, help="2: one vs two worker hosts")
@@ -693,7 +698,7 @@ def run(root: Path, args: argparse.Namespace) -> dict:
     tp, stacks, seq, longs = {}, {}, [], []
     try:
         for workers in (1, 2):
-            stack = Stack(root / f"{workers}w", workers, args.cpu_nice)
+            stack = Stack(root / f"{workers}w", workers, args.cpu_nice, args.dequeue_interval)
             print(f"starting the stack with {workers} worker(s) ...", flush=True)
             try:
                 stack.start()
