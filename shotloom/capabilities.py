@@ -13,6 +13,7 @@ class CapabilityError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.message = message  # without the field: the API names the field its own way
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 from pydantic import ValidationError
 from test_guides import clip, tone
+from test_openai_protocol import MODEL, WAN
 
 from api.core.errors import InvalidField
 from api.core.jobs import JobService
@@ -22,53 +23,24 @@ from api.store import Store
 from shotloom.api_config import ApiConfig
 from shotloom.capabilities import Capabilities
 
-WAN_VACE = Capabilities(
-    max_reference_images=7,
-    first_frame=True,
-    last_frame=True,
-    audio_in=False,
-    audio_out=False,
-    frame_multiple=4,
-    size_multiple=16,
-    fps=(16,),
-    guidance_range=(1.0, 10.0),
-    frame_guides=True,
-)
-LTX2 = Capabilities(
-    max_reference_images=7,
-    first_frame=True,
-    last_frame=True,
+# The protocol tests' model, with the guide capabilities of the two families.
+WAN_VACE = replace(WAN, max_reference_images=7, guidance_range=(1.0, 10.0), frame_guides=True)
+LTX2 = replace(
+    WAN_VACE,
     audio_in=True,
     audio_out=True,
     frame_multiple=8,
     size_multiple=32,
     fps=(24,),
-    guidance_range=(1.0, 10.0),
     max_audio_references=1,
-    frame_guides=True,
     audio_guides=True,
 )
 WAN_T2V = replace(WAN_VACE, max_reference_images=0, first_frame=False, last_frame=False, frame_guides=False)
 
 
 def served(caps: Capabilities) -> ServedModel:
-    fps = caps.fps[0]
-    return ServedModel(
-        id="tiny",
-        family="ltx2" if caps.audio_guides else "wan",
-        caps=caps,
-        width=64,
-        height=64,
-        num_frames=17,
-        fps=fps,
-        steps=4,
-        guidance_scale=1.0,
-        max_seconds=15,
-        max_width=1280,
-        max_height=720,
-        default_work="openai",
-        created=0,
-    )
+    family = "ltx2" if caps.audio_guides else "wan"
+    return replace(MODEL, id="tiny", family=family, caps=caps, fps=caps.fps[0])
 
 
 def spec(

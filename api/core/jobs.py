@@ -261,7 +261,7 @@ class JobService:
                 others = tuple(s for s in spec.memory if s.character_id is None)
                 if characters and self._passes(caps, self._placeholder_request(spec, caps, others)):
                     field = characters[0].field.split("[", 1)[0]
-            raise InvalidField(str(exc).split(": ", 1)[-1], field) from None
+            raise InvalidField(exc.message, field) from None
 
     def _accept_guides(
         self,
@@ -287,22 +287,11 @@ class JobService:
             try:
                 guide = measure(Guide(asset.path, ref.frame, ref.kind, with_audio), ref.field)
             except CapabilityError as exc:
-                raise InvalidField(str(exc).split(": ", 1)[-1], ref.field) from None
+                raise InvalidField(exc.message, ref.field) from None
             guides.append(guide)
-            config.append(
-                {
-                    "path": str(asset.path),
-                    "frame": guide.frame,
-                    "kind": guide.kind,
-                    "with_audio": guide.with_audio,
-                }
-            )
-            inputs[ref.field] = {
-                **describe(asset),
-                "frame": guide.frame,
-                "kind": guide.kind,
-                "with_audio": guide.with_audio,
-            }
+            placed = {"frame": guide.frame, "kind": guide.kind, "with_audio": guide.with_audio}
+            config.append({"path": str(asset.path), **placed})
+            inputs[ref.field] = {**describe(asset), **placed}
         if caps is not None:
             here = Path(".")
             gen = replace(
@@ -313,7 +302,7 @@ class JobService:
             try:
                 caps.check(gen)
             except CapabilityError as exc:
-                raise InvalidField(str(exc).split(": ", 1)[-1], self._client_field(spec, exc.field)) from None
+                raise InvalidField(exc.message, self._client_field(spec, exc.field)) from None
         return config
 
     def _guide_asset(self, ref: GuideRef) -> InputAsset:

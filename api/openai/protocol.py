@@ -340,7 +340,7 @@ class VideoCreateRequest(_Strict):
             try:
                 frame = anchor(entry.frame, num_frames, f"{field}.frame")
             except CapabilityError as exc:
-                raise InvalidField(str(exc).split(": ", 1)[-1], exc.field) from None
+                raise InvalidField(exc.message, exc.field) from None
             out.append(GuideRef(field, InputRef(field, upload=uploads[entry.file]), frame, entry.kind))
         return tuple(out)
 
