@@ -19,10 +19,12 @@ from api.context import ApiContext
 from api.core.jobs import JobService
 from api.dagster_client import DagsterGateway
 from api.follower import Follower
+from api.references import MediaWorkerReferences
 from api.store import Store
 from orchestration.registry import WorkerRegistry
 from orchestration.server_config import ServerConfig
 from shotloom.config import REPO_ROOT, load_inference_config
+from shotloom.media_store import LocalMediaStore
 
 
 def build_context(cfg: ServerConfig) -> ApiContext:
@@ -44,6 +46,9 @@ def build_context(cfg: ServerConfig) -> ApiContext:
         defaults=inference.defaults,
         terminate=lambda run_id: gateway.terminate(run_id, wait_starting_s=0),
         assets_dir=cfg.inputs_dir(),
+        references=MediaWorkerReferences(
+            gateway, LocalMediaStore(cfg.media_root), api.media_task_timeout_seconds
+        ),
     )
     config = cfg.inference.config
     ctx = ApiContext(

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from api.core.jobs import VERSION_TAG, VIDEO_KIND, run_kind
+from api.core.steps import STEP_TAG, follow_up_run, follow_ups
 from api.dagster_client import (
     WILL_RETRY_TAG,
     DagsterGateway,
@@ -32,7 +33,7 @@ from api.dagster_client import (
     RunInfo,
     RunSubmission,
 )
-from api.store import JobRecord, Store, backoff_delay
+from api.store import ArtifactRecord, JobRecord, Store, backoff_delay
 from orchestration.launcher import WORKER_TAG, WorkerError, call_worker
 from orchestration.registry import WorkerRegistry
 from shotloom import stages
@@ -210,7 +211,7 @@ class Follower:
             if not self._drop_never_enqueued(existing):
                 return None  # a run may still be on its way into the queue: look again next tick
             existing = [r for r in existing if r.status != "NOT_STARTED"]
-            roots = [r for r in existing if not r.root_run_id or r.root_run_id == r.run_id]
+            roots = [r for r in existing if _first_of_step(r, 0)]
             if roots:
                 self.store.mark_submitted(job.version_id, roots[-1].run_id)
                 self._uncertain.discard(job.version_id)
@@ -220,20 +221,7 @@ class Follower:
         if job.cancel_requested_at is not None:  # cancelled before it reached Dagster
             self.store.update_status(job.version_id, status="cancelled", stage=stages.CANCELED, error=None)
             return None
-        req = job.request
-        tags = {
-            VERSION_TAG: job.version_id,
-            "shotloom/work_id": job.work_id,
-            KIND_TAG: run_kind(job),
-            "user": job.submitter or "api",
-        }
-        if job.shot_id:
-            tags["shotloom/shot_id"] = job.shot_id
-        if job.priority:
-            tags[PRIORITY_TAG] = str(job.priority)  # Dagster's queue order (higher first)
-        if "rerender" in req:  # why this run exists: an operator filters re-renders by it
-            tags[RERENDER_TAG] = req["rerender"].get("reason") or "rerender"
-        return RunSubmission(req["job_name"], req["run_config"], tags)
+        return RunSubmission(job.request["job_name"], job.request["run_config"], run_tags(job))
 
     def _submit_batch(self, batch: list[tuple[JobRecord, RunSubmission]]) -> None:
         if not batch:
@@ -326,9 +314,13 @@ class Follower:
         if run.status in _FAILED:
             self._failed(job, run)
             return
-        live = self._live(run)
-        stage = self._states[run.run_id].stage or stages.QUEUED
-        status = api_status(run.status, stage)
+        live = self._live(run, job)
+        stage = self._states[run.run_id].stage
+        if _step(run):  # a follow-up (media work after the shot): the job is running throughout
+            stage, status = stage or job.stage, "running"
+        else:
+            stage = stage or stages.QUEUED
+            status = api_status(run.status, stage)
         if status != job.status or stage != job.stage or live != (job.live or {}):
             self.store.update_status(job.version_id, status=status, stage=stage, live=live)
 
@@ -348,12 +340,19 @@ class Follower:
                 state.progress = json.loads(progress)
         return state
 
-    def _live(self, run: RunInfo) -> dict[str, Any]:
+    def _live(self, run: RunInfo, job: JobRecord) -> dict[str, Any]:
         state = self._run_state(run)
-        times = {s: state.stage_times[s] for s in stages.ORDER if s in state.stage_times}
+        times = state.stage_times
+        if _step(run):  # the stages the job's earlier runs entered first keep their times
+            times = {**times, **(job.live or {}).get("stage_times", {})}
+        times = {s: times[s] for s in stages.ORDER if s in times}
         live: dict[str, Any] = {"run_status": run.status, "stage_times": times}
         if state.progress is not None:
             live["progress"] = state.progress
+        if _step(run):  # media work after the shot: the device worker that made it stays named
+            prior = job.live or {}
+            live.update({k: prior[k] for k in ("worker", "progress", "runs") if k in prior and k not in live})
+            return live
         worker = run.tags.get(WORKER_TAG)
         if worker:
             snap = self.workers.get(worker, {})
@@ -367,30 +366,91 @@ class Follower:
         return live
 
     def _succeeded(self, job: JobRecord, run: RunInfo) -> None:
+        made = self._index_artifacts(job, run)
+        steps, step = follow_ups(job), _step(run)
+        if step < len(steps):
+            self._follow_up(job, run, step + 1, steps[step], made)
+            return
         base = self.api.base_url()
+        artifacts = [a for a in self.store.artifacts_for(job.version_id) if a.kind == VIDEO_KIND]
+        result: dict[str, Any] = {"run_id": run.run_id}
+        if artifacts:
+            # An extension writes its shot, then the film it stitched: the film is the answer.
+            main = next((a for a in artifacts if a.role == "film"), artifacts[0])
+            result["video_url"] = base + main.url_path
+            result["artifact_id"] = main.artifact_id
+            for key in RESULT_KEYS:
+                if key in main.metadata:
+                    result[key] = main.metadata[key]
+        live = {**self._live(run, job), "run_status": run.status}
+        record = self.store.update_status(
+            job.version_id, status="succeeded", stage=stages.SUCCEEDED, error=None, result=result, live=live
+        )
+        log.info("version %s succeeded (run %s)", job.version_id, run.run_id)
+        self._states.pop(run.run_id, None)
+        self._enqueue_callback(record)
+
+    def _follow_up(
+        self, job: JobRecord, run: RunInfo, step: int, spec: dict[str, Any], made: list[ArtifactRecord]
+    ) -> None:
+        """Submit the job's next run (or adopt it: submitted before a restart); the job stays
+        running, its stage and stage times carried on."""
+        live = self._live(run, job)
+        live.update(run_status="STARTING", runs=[*live.get("runs", []), run.run_id])  # the runs before
+        runs = self.gateway.find_runs_by_tag(VERSION_TAG, job.version_id)
+        adopted = [r for r in runs if _first_of_step(r, step)]
+        if adopted:
+            run_id = adopted[-1].run_id
+        elif job.cancel_requested_at is not None:  # cancelled between two runs: none is started
+            record = self.store.update_status(
+                job.version_id, status="cancelled", stage=stages.CANCELED, error=None, live=live
+            )
+            self._states.pop(run.run_id, None)
+            self._enqueue_callback(record)
+            return
+        else:
+            shot = next((a for a in made if a.kind == VIDEO_KIND), None)
+            if shot is None:
+                raise RuntimeError(f"run {run.run_id} of version {job.version_id} wrote no video")
+            facts = {**shot.metadata, "path": shot.path, "shot_id": job.shot_id, "version_id": job.version_id}
+            job_name, run_config = follow_up_run(spec, facts)
+            try:
+                run_id = self.gateway.submit(job_name, run_config, {**run_tags(job), STEP_TAG: str(step)})
+            except DagsterUnavailable:
+                raise
+            except DagsterGatewayError as exc:
+                self._refused_run(job, exc)
+                return
+        self.store.start_step(job.version_id, run_id)
+        self.store.update_status(job.version_id, status="running", live=live)
+        self._states.pop(run.run_id, None)
+        log.info("version %s: step %d, run %s (%s)", job.version_id, step, run_id, spec["job_name"])
+
+    def _index_artifacts(self, job: JobRecord, run: RunInfo) -> list[ArtifactRecord]:
+        """Index the files a succeeded run materialized: videos (``path``) and the thumbnail and
+        spritesheet made from one (beside it, by the media work after the shot)."""
         artifacts = []
         for mat in self.gateway.materializations(run.run_id):
             meta = mat.metadata
             path = meta.get("path")
-            if not isinstance(path, str):
-                continue
-            art = self.store.add_artifact(
-                job.version_id,
-                kind=VIDEO_KIND,
-                role="film" if mat.asset_key == FILM_ASSET else "shot",
-                path=path,
-                url_path="/media/" + path,
-                bytes=_int(meta.get("bytes")),
-                sha256=meta.get("sha256"),
-                metadata={
-                    k: v
-                    for k, v in meta.items()
-                    if k not in ("path", "sha256", "bytes") and not k.startswith(STILLS)
-                },
-                shot_id=job.shot_id,
-            )
-            artifacts.append(art)
-            for role in STILLS:  # the thumbnail and spritesheet made when the video was written
+            if isinstance(path, str):
+                art = self.store.add_artifact(
+                    job.version_id,
+                    kind=VIDEO_KIND,
+                    role="film" if mat.asset_key == FILM_ASSET else "shot",
+                    path=path,
+                    url_path="/media/" + path,
+                    bytes=_int(meta.get("bytes")),
+                    sha256=meta.get("sha256"),
+                    metadata={
+                        k: v
+                        for k, v in meta.items()
+                        if k not in ("path", "sha256", "bytes") and not k.startswith(STILLS)
+                    },
+                    shot_id=job.shot_id,
+                )
+                artifacts.append(art)
+            for role in STILLS:
                 still = meta.get(role)
                 if isinstance(still, str):
                     self.store.add_artifact(
@@ -404,22 +464,7 @@ class Follower:
                         metadata={"grid": meta["spritesheet_grid"]} if role == "spritesheet" else {},
                         shot_id=job.shot_id,
                     )
-        result: dict[str, Any] = {"run_id": run.run_id}
-        if artifacts:
-            # An extension writes its shot, then the film it stitched: the film is the answer.
-            main = next((a for a in artifacts if a.role == "film"), artifacts[0])
-            result["video_url"] = base + main.url_path
-            result["artifact_id"] = main.artifact_id
-            for key in RESULT_KEYS:
-                if key in main.metadata:
-                    result[key] = main.metadata[key]
-        live = {**self._live(run), "run_status": run.status}
-        record = self.store.update_status(
-            job.version_id, status="succeeded", stage=stages.SUCCEEDED, error=None, result=result, live=live
-        )
-        log.info("version %s succeeded (run %s)", job.version_id, run.run_id)
-        self._states.pop(run.run_id, None)
-        self._enqueue_callback(record)
+        return artifacts
 
     def _failed(self, job: JobRecord, run: RunInfo) -> None:
         newer = self._newest_retry(job, run)
@@ -436,7 +481,7 @@ class Follower:
         self._failed_seen.pop(run.run_id, None)
         canceled = run.status == "CANCELED"
         error = run.error_summary() or ("canceled" if canceled else "the run failed")
-        live = self._live(run)
+        live = self._live(run, job)
         cancelled = canceled and job.cancel_requested_at is not None  # a client asked for it
         record = self.store.update_status(
             job.version_id,
@@ -538,6 +583,33 @@ def callback_payload(job: JobRecord, store: Store, api: ApiConfig) -> dict[str, 
     if job.kind == "r2v" and "shot_id" not in payload:
         payload["shot_id"] = job.shot_id
     return payload
+
+
+def run_tags(job: JobRecord) -> dict[str, str]:
+    """The tags every run of ``job`` carries."""
+    tags = {
+        VERSION_TAG: job.version_id,
+        "shotloom/work_id": job.work_id,
+        KIND_TAG: run_kind(job),
+        "user": job.submitter or "api",
+    }
+    if job.shot_id:
+        tags["shotloom/shot_id"] = job.shot_id
+    if job.priority:
+        tags[PRIORITY_TAG] = str(job.priority)  # Dagster's queue order (higher first)
+    if "rerender" in job.request:  # why this run exists: an operator filters re-renders by it
+        tags[RERENDER_TAG] = job.request["rerender"].get("reason") or "rerender"
+    return tags
+
+
+def _step(run: RunInfo) -> int:
+    """Which of its job's runs this is: 0 the first, n the n-th follow-up."""
+    return int(run.tags.get(STEP_TAG) or 0)
+
+
+def _first_of_step(run: RunInfo, step: int) -> bool:
+    """The run a step started with (not a retry of it)."""
+    return _step(run) == step and (not run.root_run_id or run.root_run_id == run.run_id)
 
 
 def _int(value: Any) -> int | None:

@@ -720,6 +720,14 @@ class Store:
             row.updated_at = now
             return _job_record(row)
 
+    def start_step(self, version_id: str, run_id: str) -> JobRecord:
+        """Point the version at the run of its next step (its retries have it as their root)."""
+        with self._write() as s:
+            row = self._job_for_update(s, version_id)
+            row.run_id = row.root_run_id = run_id
+            row.updated_at = time.time()
+            return _job_record(row)
+
     def follow_run(self, version_id: str, new_run_id: str) -> JobRecord:
         """Point the version at a retry's run (a retry gets a new run id; the root run id is kept)."""
         with self._write() as s:

@@ -15,7 +15,9 @@ from dagster import (
 )
 
 SHOT_KEY = AssetKey("shot")
+SHOT_STILLS_KEY = AssetKey("shot_stills")
 FILM_KEY = AssetKey("film")
+REFERENCE_KEY = AssetKey("reference")
 
 works_partitions = DynamicPartitionsDefinition(name="works")
 shots_partitions = DynamicPartitionsDefinition(name="shots")

@@ -224,8 +224,8 @@ def decode_op(context: OpExecutionContext, latents, runtime: ModelRuntimeResourc
 
 @op(ins={"decoded": In(DecodedBundle)}, out=Out(ShotArtifact), tags={"stage": "writing"})
 def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource, media: MediaStoreResource):
-    """Write the MP4 (plus thumbnail and spritesheet PNGs beside it) and record them as a
-    materialization of the shot asset: ``path`` is the MP4, ``thumbnail``/``spritesheet`` the PNGs."""
+    """Write the MP4 and record it as a materialization of the shot asset (``path``). Its stills
+    are made by the shot_stills job on a media worker, after this run gave its device back."""
     from shotloom.runtime import bundle_to_decoded, media_summary
 
     start = time.perf_counter()
@@ -236,8 +236,6 @@ def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource
     output = media.shot_path(work_id, shot_id, context.run_id)
     frames = bundle_to_decoded(decoded)
     summary = media_summary(rt.write(frames, req, output))
-    # Thumbnail + spritesheet beside the MP4, from the frames in memory (no decode of the MP4).
-    stills = media.write_stills(frames.frames, output, rt.cfg.defaults.spritesheet_frames)
     timings = _timed(decoded.meta, "write", start)
     peak_mb, peak_kind = rt.peak_memory_mb()
     artifact = ShotArtifact(
@@ -269,7 +267,7 @@ def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource
             "derived_from": MetadataValue.json(decoded.meta.get("lineage", {}).get("derived_from", [])),
             "adapter": decoded.meta.get("lineage", {}).get("adapter") or "",
             "peak_memory_kind": peak_kind,
-            **stills,
+            "spritesheet_count": rt.cfg.defaults.spritesheet_frames,  # for the stills made after
         },
     )
     yield Output(artifact)

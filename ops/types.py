@@ -67,3 +67,23 @@ class FilmArtifact:
     duration_s: float
     video_mode: str  # "copy" or "reencode"
     shots: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StillsArtifact:
+    """A video's thumbnail and spritesheet PNGs (paths relative to the media root)."""
+
+    video: str
+    thumbnail: str
+    spritesheet: str
+    spritesheet_grid: str
+    spritesheet_frames: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ReferenceArtifact:
+    """Stills and sound taken from a video (paths relative to the media root)."""
+
+    frames: dict[str, str]  # middle / last -> PNG
+    audio: str | None
+    video_frames: int

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dagster import AssetDep, AssetSpec, MultiToSingleDimensionPartitionMapping
 
-from ops.assets import FILM_KEY, SHOT_KEY, shot_partitions, works_partitions
+from ops.assets import FILM_KEY, REFERENCE_KEY, SHOT_KEY, SHOT_STILLS_KEY, shot_partitions, works_partitions
 
 shot_asset = AssetSpec(
     SHOT_KEY,
@@ -12,6 +12,15 @@ shot_asset = AssetSpec(
     partitions_def=shot_partitions,
     group_name="media",
     kinds={"video"},
+)
+
+shot_stills_asset = AssetSpec(
+    SHOT_STILLS_KEY,
+    description="A shot's thumbnail and spritesheet PNGs, made from its MP4 on a media worker.",
+    partitions_def=shot_partitions,
+    deps=[SHOT_KEY],
+    group_name="media",
+    kinds={"image"},
 )
 
 film_asset = AssetSpec(
@@ -23,4 +32,12 @@ film_asset = AssetSpec(
     kinds={"video"},
 )
 
-media_assets = [shot_asset, film_asset]
+reference_asset = AssetSpec(
+    REFERENCE_KEY,
+    description="Frames and sound taken from a video to condition later shots (characters, memory "
+    "slots, extensions); the service copies them into its inputs store.",
+    group_name="media",
+    kinds={"image"},
+)
+
+media_assets = [shot_asset, shot_stills_asset, film_asset, reference_asset]

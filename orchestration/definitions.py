@@ -10,7 +10,7 @@ import os
 from dagster import Definitions
 
 from orchestration.assets import media_assets
-from orchestration.jobs import extend, merge, r2v
+from orchestration.jobs import extend, merge, r2v, reference, shot_stills
 from orchestration.rerender import checkpoint_id, rerender, schedules_for, sensors_for
 from orchestration.server_config import ServerConfig
 from resources import MediaStoreResource, ModelRuntimeResource, TensorIOManager
@@ -31,7 +31,7 @@ def _loaded_checkpoint() -> str | None:
 
 
 defs = Definitions(
-    jobs=[r2v, extend, merge, rerender],
+    jobs=[r2v, shot_stills, extend, merge, reference, rerender],
     schedules=schedules_for(_config),
     sensors=sensors_for(_config, _loaded_checkpoint()),
     assets=media_assets,

@@ -41,6 +41,12 @@ class MediaStoreResource(ConfigurableResource):
     def write_stills(self, frames_or_video: Any, mp4: Path, spritesheet_frames: int = 9) -> dict[str, Any]:
         return self.store.write_stills(frames_or_video, mp4, spritesheet_frames)
 
+    def reference_dir(self, run_id: str) -> Path:
+        return self.store.reference_dir(run_id)
+
+    def write_reference(self, video: Path, folder: Path, frames: list[str], audio: bool) -> dict[str, Any]:
+        return self.store.write_reference(video, folder, frames, audio)
+
     def resolve(self, relative: str) -> Path:
         """A media-root-relative path back to a file, refusing anything that leaves the root."""
         return self.store.path(relative)

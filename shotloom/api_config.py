@@ -137,6 +137,12 @@ class ApiConfig(_Strict):
         description="How often the API asks each worker for its /status (device, weights, resources "
         "shown on running jobs and /health); apart from the run follow, which is more frequent.",
     )
+    media_task_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long a request waits for media work it needs at once (a character's or "
+        "memory slot's frame and sound, taken on a media worker) before it answers 503.",
+    )
     max_queue: int = Field(
         default=100, ge=1, description="Queued jobs (per kind) past which POST answers 503."
     )

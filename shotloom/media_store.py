@@ -16,7 +16,7 @@ import urllib.parse
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-# Stills written beside each MP4 (shot or film), once, when the MP4 is written.
+# Stills written beside each MP4 (shot or film), once, after the MP4 is written.
 THUMBNAIL_NAME = "thumbnail.png"
 SPRITESHEET_NAME = "spritesheet.png"
 
@@ -31,6 +31,9 @@ class LocalMediaStore:
 
     def film_path(self, work_id: str, run_id: str) -> Path:
         return self.path("merge", work_id, run_id, "film.mp4")
+
+    def reference_dir(self, run_id: str) -> Path:
+        return self.path("references", run_id)
 
     def path(self, *parts: str) -> Path:
         """A root-relative path as a file path, refusing anything that leaves the root."""
@@ -93,6 +96,27 @@ class LocalMediaStore:
             "spritesheet_frames": list(sheet.frames),
             "spritesheet_grid": sheet.grid,
         }
+
+    def write_reference(self, video: Path, folder: Path, frames: list[str], audio: bool) -> dict[str, Any]:
+        """What a video lends to later shots (a character, a memory slot, an extension's first
+        frame): PNGs of its ``middle`` and/or ``last`` frame and a WAV of its sound (where it has
+        one and ``audio``), in ``folder``. Returns root-relative paths and the video's frame count."""
+        from shotloom import media
+
+        info = media.probe(video)
+        index = {"middle": None, "last": info.frames - 1}  # None: extract_frame's middle frame
+        unknown = set(frames) - set(index)
+        if unknown:
+            raise ValueError(f"unknown reference frames {sorted(unknown)}: use {sorted(index)}")
+        folder.mkdir(parents=True, exist_ok=True)
+        out: dict[str, Any] = {"frames": {}, "audio": None, "video_frames": info.frames}
+        for name in frames:
+            path = folder / f"{name}.png"
+            media.extract_frame(video, index[name]).save(path)
+            out["frames"][name] = self.relative(path)
+        if audio and info.has_audio:
+            out["audio"] = self.relative(media.extract_audio_wav(video, folder / "audio.wav"))
+        return out
 
     def remove(self, relative: str) -> None:
         """Delete a file, and its run's folder once that is empty (one folder per written shot)."""

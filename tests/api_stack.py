@@ -51,6 +51,22 @@ class ApiStack:
 
         return wait_for(finished, timeout, f"version {version_id}", interval=0.5)
 
+    def gateway(self):
+        """Dagster's GraphQL, as an operator's tool reads it."""
+        import yaml
+
+        from api.dagster_client import DagsterGateway
+
+        web = yaml.safe_load(self.config.read_text())["webserver"]
+        return DagsterGateway(web["host"], web["port"])
+
+    def runs_of(self, version_id: str) -> list:
+        """The Dagster runs a job was made of, oldest first."""
+        from shotloom.stages import VERSION_TAG
+
+        runs = self.gateway().find_runs_by_tag(VERSION_TAG, version_id)
+        return sorted(runs, key=lambda r: r.create_time or 0)
+
     def find_version(self, shot_id: str) -> str:
         """The newest succeeded version of a shot (from the service store, as the API sees it)."""
         from api.store import Store

@@ -475,8 +475,15 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
     assert done["derived_from"] == versions  # GET /version says the same
     shots = {}
     for version in versions:
-        [run] = [r for r in gateway.find_runs_by_tag(VERSION_TAG, version) if r.status == "SUCCESS"]
-        [shot] = [m for m in gateway.materializations(run.run_id) if m.asset_key == ("shot",)]
+        # The shot's runs: the generation on a device worker, then its stills on the media worker
+        # (the device slot was free before the PNGs were made).
+        runs = sorted(gateway.find_runs_by_tag(VERSION_TAG, version), key=lambda r: r.create_time or 0)
+        assert [(r.job_name, r.status) for r in runs] == [("r2v", "SUCCESS"), ("shot_stills", "SUCCESS")]
+        assert runs[0].tags[WORKER_TAG].startswith("cpu-") and runs[1].tags[WORKER_TAG] == media.name
+        assert runs[0].run_id == api.get(f"/version/{version}").json()["run_id"]  # the one that made it
+        [shot] = [m for m in gateway.materializations(runs[0].run_id) if m.asset_key == ("shot",)]
+        [stills] = [m for m in gateway.materializations(runs[1].run_id) if m.asset_key == ("shot_stills",)]
+        assert stills.metadata["video"] == shot.metadata["path"]
         shots[version] = shot.metadata
     s1, s4 = (shots[v] for v in versions)
     assert s1["derived_from"] == [] and s1["checkpoint"] and s1["version_id"] == versions[0]

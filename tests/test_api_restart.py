@@ -83,9 +83,13 @@ def test_kill_9_of_everything_loses_nothing_and_reruns_nothing(tmp_path, wan_che
         for key in ("status", "run_id", "video_url", "artifacts", "finished_at"):
             assert after[key] == before[key], key
         gateway = DagsterGateway("127.0.0.1", settings["webserver"]["port"])
-        assert len(gateway.find_runs_by_tag(VERSION_TAG, done)) == 1  # never run twice
+        # never run twice: its generation, then its stills on the media worker, once each
+        jobs = sorted(r.job_name for r in gateway.find_runs_by_tag(VERSION_TAG, done))
+        assert jobs == ["r2v", "shot_stills"]
         for vid in [*pending, orphan.job.version_id]:
-            roots = [r for r in gateway.find_runs_by_tag(VERSION_TAG, vid) if not r.root_run_id]
+            runs = gateway.find_runs_by_tag(VERSION_TAG, vid)
+            assert [r.status for r in runs if r.job_name == "shot_stills"] == ["SUCCESS"], vid
+            roots = [r for r in runs if not r.root_run_id and r.job_name == "r2v"]
             # Run once (retries keep the root's id). A submit the kill cut short can leave a run
             # created but never enqueued: the follower cancels it (never started) and submits anew.
             # (Dagster stamps a start time on a run canceled before it started, so go by status.)

@@ -104,13 +104,13 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
         "api": {"host": "127.0.0.1", "port": api_port, "callback_backoff_seconds": 0.2},
     }
 
-    def worker_cfg(prefix: str, address: str) -> dict:
+    def worker_cfg(prefix: str, address: str, media: int = 0) -> dict:
         return {
             **common,
             "workers": {
                 "name_prefix": prefix,
                 "devices": [{"device": "cpu", "threads": 1}],
-                "media": 0,
+                "media": media,  # the stills after each shot
                 "bind": address,
             },
         }
@@ -120,7 +120,7 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
     try:
         control = Host(tmp_path / "control", "control", control_cfg)
         hosts.append(control)
-        host_a = Host(tmp_path / "host-a", "workers", worker_cfg("a-", "127.0.0.2"))
+        host_a = Host(tmp_path / "host-a", "workers", worker_cfg("a-", "127.0.0.2", media=1))
         host_b = Host(tmp_path / "host-b", "workers", worker_cfg("b-", "127.0.0.3"))
         hosts += [host_a, host_b]
         client = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=30)

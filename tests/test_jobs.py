@@ -11,7 +11,7 @@ import pytest
 from dagster import AssetKey, instance_for_test
 from PIL import Image
 
-from ops.assets import FILM_KEY, SHOT_KEY
+from ops.assets import FILM_KEY, SHOT_KEY, SHOT_STILLS_KEY
 from orchestration.definitions import defs
 from shotloom import media, stages
 from shotloom.admission import FakeProbe
@@ -71,15 +71,32 @@ def test_r2v_job_writes_mp4_and_materializes_shot(instance, tmp_path, wan_config
     assert meta["checkpoint"].startswith("wan:")
     assert set(meta["stage_timings"]) == {"condition", "denoise", "decode", "write"}
     assert instance.get_dynamic_partitions("works") == ["w1"]
-    # stills beside the MP4, default spritesheet of 9 evenly spaced frames
-    assert meta["thumbnail"] == str(Path(artifact.path).with_name("thumbnail.png"))
-    assert meta["spritesheet_grid"] == "3x3" and meta["spritesheet_frames"] == list(range(0, 17, 2))
+    # no stills here: the device run only writes the MP4 (shot_stills makes them on a media worker)
+    assert "thumbnail" not in meta and meta["spritesheet_count"] == 9
+    assert not (path.parent / "thumbnail.png").exists()
+
+
+def run_stills(instance, tmp_path, inference_config, shot_meta: dict):
+    """The shot_stills job on a written shot, configured as the API's follower configures it."""
+    config = {
+        "work_id": "w1",
+        "shot_id": "s1",
+        "video": shot_meta["path"],
+        "spritesheet_frames": shot_meta["spritesheet_count"],
+    }
+    return defs.get_job_def("shot_stills").execute_in_process(
+        run_config={
+            "ops": {"stills_op": {"config": config}},
+            "resources": resources_config(tmp_path, inference_config),
+        },
+        instance=instance,
+    )
 
 
 def assert_stills(meta: dict, media_root: Path, video: Path, count: int, grid: str) -> None:
     """Thumbnail and spritesheet recorded on a materialization: beside the MP4, under the media root,
     decodable, with the recorded bytes/sha256; the thumbnail is the video's middle frame."""
-    assert meta["path"].endswith(".mp4")  # ``path`` stays the video
+    assert meta.get("path", meta.get("video")).endswith(".mp4")  # the video they were made from
     frames = media.read_frames(video)
     for key, name in (("thumbnail", "thumbnail.png"), ("spritesheet", "spritesheet.png")):
         rel = meta[key]
@@ -115,7 +132,12 @@ def test_shot_and_film_get_thumbnail_and_spritesheet(instance, tmp_path, wan_che
     assert shot.success
     artifact = shot.output_for_node("write_op")
     [mat] = materializations(instance, SHOT_KEY)
+    stills = run_stills(instance, tmp_path, config, {k: v.value for k, v in mat.metadata.items()})
+    assert stills.success
+    [mat] = materializations(instance, SHOT_STILLS_KEY)
+    assert mat.partition == "s1|w1"
     meta = {k: v.value for k, v in mat.metadata.items()}
+    assert meta["video"] == artifact.path
     assert_stills(meta, root, root / artifact.path, count=4, grid="2x2")
     assert meta["spritesheet_frames"] == [0, 5, 11, 16]
 

@@ -562,14 +562,32 @@ def test_extend_continues_a_video_and_answers_the_stitched_whole(client, stack, 
     assert roles == {"shot", "film"} and version["video_url"].endswith(".mp4")
     assert film["metadata"]["versions"] == [source_version, version["version_id"]]
     assert version["derived_from"] == [source_version]
+    # The shot on a device worker, the stitching on the media worker (the device slot was free).
+    runs = stack.runs_of(version["version_id"])
+    assert [(r.job_name, r.status) for r in runs] == [("r2v", "SUCCESS"), ("merge", "SUCCESS")]
+    assert runs[0].tags["shotloom/worker"].startswith("cpu-")
+    assert runs[1].tags["shotloom/worker"].startswith("media-")
 
 
 def test_characters_from_an_upload_and_by_id_then_used_in_a_later_video(
     client, stack, source_video, tmp_path
 ):
     mp4 = client.videos.download_content(source_video.id).read()
+    gateway = stack.gateway()
+    before = {r.run_id for r in gateway.find_runs_by_tag("shotloom/kind", "reference")}
     made = client.videos.create_character(name="Kite", video=("kite.mp4", mp4, "video/mp4"))
     assert made.id.startswith("char_") and made.name == "Kite"
+    # Its frame and sound were taken by a run on the media worker (the API decodes no video);
+    # the run's files are gone once the service stored its copies.
+    [taken] = [r for r in gateway.find_runs_by_tag("shotloom/kind", "reference") if r.run_id not in before]
+    assert taken.status == "SUCCESS" and taken.tags["shotloom/worker"].startswith("media-")
+    assert taken.job_name == "reference"
+    [mat] = gateway.materializations(taken.run_id)
+    assert mat.asset_key == ("reference",) and set(mat.metadata["frames"]) == {"middle"}
+    from orchestration.server_config import ServerConfig
+
+    media_root = ServerConfig.load(stack.config).media_root
+    assert media_root.is_dir() and not (media_root / "references" / taken.run_id).exists()
     again = client.videos.create_character(name="Kite", video=("kite.mp4", mp4, "video/mp4"))
     assert again.id == made.id  # content-addressed: the same name and media are the same character
     got = client.videos.get_character(made.id)

@@ -13,7 +13,6 @@ import copy
 import hashlib
 import secrets
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -22,8 +21,10 @@ from typing import Any
 
 from api.core.errors import Conflict, InvalidField, NotFound, QueueFull, Unavailable
 from api.core.specs import GuideRef, InputRef, MemoryRef, MergeSpec, ShotSpec, SourceRef
+from api.core.steps import MERGE_JOB, R2V_JOB, stills_step, stitch_step
 from api.core.timing import stage_durations, stage_medians
 from api.inputs import InputAsset, InputError, Role, copy_into_assets, resolve_resource
+from api.references import InProcessReferences, ReferenceTaker
 from api.store import (
     FINISHED,
     CharacterRecord,
@@ -44,9 +45,6 @@ from shotloom.config import Defaults
 from shotloom.media_store import LocalMediaStore
 from shotloom.request import GenerationRequest, Guide, MemorySlot
 
-R2V_JOB = "r2v"
-EXTEND_JOB = "extend"
-MERGE_JOB = "merge"
 # Every submitted run carries it: reconcile finds runs by it (defined beside the other run tags).
 VERSION_TAG = stages.VERSION_TAG
 VIDEO_KIND = "video"  # artifacts are indexed by media kind; role says shot or film
@@ -87,6 +85,7 @@ class JobService:
         defaults: Defaults | None = None,
         terminate: Callable[[str], bool] | None = None,
         assets_dir: Path | None = None,
+        references: ReferenceTaker | None = None,
     ):
         self.store = store
         self.api = api
@@ -97,6 +96,8 @@ class JobService:
         self.published_capabilities = capabilities
         self.defaults = defaults or Defaults()
         self.terminate = terminate
+        # Frames and sound taken from videos: on a media worker (through Dagster) in the service.
+        self.references = references or InProcessReferences(self.media)
         self.queue = QueueControl(state_dir)  # pause / priorities, applied by the daemon's coordinator
 
     # -- shared steps ---------------------------------------------------------------------------
@@ -197,9 +198,9 @@ class JobService:
         for key in ("lora", "lora_scale"):
             if getattr(spec, key) is not None:
                 config[key] = getattr(spec, key)
-        stitch, memory = None, []
+        stitch, memory, before_frames = None, [], 0
         if spec.extends is not None:
-            stitch, source_memory = self._extension(spec, caps, config, inputs)
+            stitch, source_memory, before_frames = self._extension(spec, caps, config, inputs)
         for slot in spec.memory:
             origin: dict[str, Any] = {}  # where a slot came from: an earlier version, a character
             if slot.character_id is not None:
@@ -225,9 +226,9 @@ class JobService:
         if spec.guides:
             config["guides"] = self._accept_guides(spec, caps, config["memory"], inputs)
         config["lineage"] = lineage(inputs, spec.lora)
-        ops: dict[str, Any] = {"condition_op": {"config": config}}
-        if stitch is not None:
-            ops["stitch_op"] = {"config": stitch}
+        # After the device run: the extension stitched onto its source (the film has its own
+        # stills), or the shot's stills; on a media worker either way.
+        then = [stitch_step(stitch)] if stitch is not None else [stills_step(spec.work_id, spec.shot_id)]
 
         new = NewJob(
             kind="r2v",
@@ -240,8 +241,10 @@ class JobService:
             request={
                 "client": without_inline_data(spec.client),
                 "inputs": inputs,
-                "job_name": EXTEND_JOB if stitch is not None else R2V_JOB,
-                "run_config": {"ops": ops},
+                "job_name": R2V_JOB,
+                "run_config": {"ops": {"condition_op": {"config": config}}},
+                "then": then,
+                **({"extension": {"before_frames": before_frames}} if stitch is not None else {}),
             },
             dialect=spec.dialect,
             submitter=spec.submitter,
@@ -396,11 +399,10 @@ class JobService:
 
     def _extension(
         self, spec: ShotSpec, caps: Capabilities | None, config: dict[str, Any], inputs: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """An extension's first frame (its source's last, into ``config``); answers the stitch op's
-        config (the source goes before the new shot) and the memory slot of the source."""
-        from shotloom import media  # PyAV + numpy, no torch
-
+    ) -> tuple[dict[str, Any], dict[str, Any], int]:
+        """An extension's first frame (its source's last, into ``config``); answers the stitching
+        merge's config (the source goes before the new shot), the memory slot of the source and
+        the source's frame count."""
         source = spec.extends
         assert source is not None
         if spec.first_frame is not None:
@@ -409,15 +411,11 @@ class JobService:
                 spec.first_frame.field,
             )
         asset, described = self._source_video(source)
-        info = media.probe(asset.path)
-        with tempfile.TemporaryDirectory(dir=self.assets_dir) as tmp:
-            last = Path(tmp) / "last.png"
-            media.extract_frame(asset.path, info.frames - 1).save(last)
-            first = copy_into_assets(
-                last, "image", self.api.inputs, self.assets_dir, self.store, field=source.field
-            )
+        frames, audio, video_frames = self._reference(
+            asset.path, ["middle", "last"], caps is None or caps.audio_in, source.field, spec.submitter
+        )
+        image, first = frames["middle"], frames["last"]
         config["first_frame"] = str(first.path)
-        image, audio = self._memory_from_video(asset.path, source.field, caps is None or caps.audio_in)
         inputs[source.field] = {
             **described,
             "last_frame": describe(first),
@@ -426,12 +424,12 @@ class JobService:
         before = described.get("shot_id") or f"upload:{asset.sha256[:12]}"
         stitch = {
             "work_id": spec.work_id,
-            "before": [str(asset.path)],
+            "inputs": [str(asset.path)],
             "shot_ids": [before],
-            "before_frames": info.frames,
             "versions": [described.get("version_id") or f"sha256:{asset.sha256}"],
         }
-        return stitch, {"image": str(image.path), "audio": str(audio.path) if audio else None}
+        memory = {"image": str(image.path), "audio": str(audio.path) if audio else None}
+        return stitch, memory, video_frames
 
     def _character_memory(self, slot: MemoryRef, with_audio: bool) -> tuple[InputAsset, InputAsset | None]:
         character = self.store.get_character(slot.character_id or "")
@@ -452,7 +450,7 @@ class JobService:
         representative frame and its audio track, stored content-addressed. The same name and
         media give the same id."""
         asset, described = self._source_video(source)
-        image, audio = self._memory_from_video(asset.path, source.field, with_audio=True)
+        image, audio = self._memory_from_video(asset.path, source.field, True, submitter)
         key = "\0".join([name, image.sha256, audio.sha256 if audio else ""])
         character_id = "char_" + hashlib.sha256(key.encode()).hexdigest()[:32]
         origin = (
@@ -474,26 +472,37 @@ class JobService:
         return (*self._memory_from_video(video, field, with_audio), job.version_id)
 
     def _memory_from_video(
-        self, video: Path, field: str, with_audio: bool
+        self, video: Path, field: str, with_audio: bool, submitter: str | None = None
     ) -> tuple[InputAsset, InputAsset | None]:
-        """A representative frame and the complete audio track of a video, stored like client
-        inputs (the audio only where the model takes audio)."""
-        from shotloom import media  # PyAV + numpy, no torch
+        """A representative frame and the complete audio track of a video (the audio only where
+        the model takes audio)."""
+        frames, audio, _ = self._reference(video, ["middle"], with_audio, field, submitter)
+        return frames["middle"], audio
 
-        self.assets_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self.assets_dir) as tmp:
-            frame = Path(tmp) / "frame.png"
-            media.extract_frame(video).save(frame)
-            image = copy_into_assets(
-                frame, "image", self.api.inputs, self.assets_dir, self.store, field=field
-            )
-            audio = None
-            if with_audio and media.probe(video).has_audio:
-                wav = media.extract_audio_wav(video, Path(tmp) / "audio.wav")
-                audio = copy_into_assets(
-                    wav, "audio", self.api.inputs, self.assets_dir, self.store, field=field
+    def _reference(
+        self, video: Path, frames: list[str], with_audio: bool, field: str, submitter: str | None
+    ) -> tuple[dict[str, InputAsset], InputAsset | None, int]:
+        """Frames (middle, last) and the sound of a video, taken on a media worker and stored like
+        client inputs; and the video's frame count."""
+        try:
+            taken = self.references.reference(video, frames, with_audio, submitter)
+        except ValueError as exc:
+            raise InvalidField(f"cannot take frames from the video: {exc}", field) from None
+        try:
+            images = {
+                name: copy_into_assets(
+                    path, "image", self.api.inputs, self.assets_dir, self.store, field=field
                 )
-        return image, audio
+                for name, path in taken.frames.items()
+            }
+            audio = None
+            if taken.audio is not None:
+                audio = copy_into_assets(
+                    taken.audio, "audio", self.api.inputs, self.assets_dir, self.store, field=field
+                )
+        finally:
+            self.references.release(taken)
+        return images, audio, taken.video_frames
 
     # -- merges ---------------------------------------------------------------------------------
     def accept_merge(self, spec: MergeSpec) -> Accepted:

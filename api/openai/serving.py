@@ -20,6 +20,7 @@ from api.context import ApiContext
 from api.core.errors import EncoderMissing, InvalidField, NotFound, ServiceError, Unavailable
 from api.core.jobs import op_config
 from api.core.specs import InputRef, ShotSpec, SourceRef
+from api.core.steps import extension_before_frames
 from api.core.timing import eta_s, stage_durations, working_seconds
 from api.core.views import JobViews
 from api.health import missing_encoders
@@ -541,11 +542,11 @@ class VideoServing:
         frames, fps = config.get("num_frames"), config.get("fps")
         width, height = config.get("width"), config.get("height")
         result = job.result or {}
-        stitch = op_config(job, "stitch_op")
+        before_frames = extension_before_frames(job)
         if job.status == "succeeded" and result.get("frames") and result.get("fps"):
             frames, fps = int(result["frames"]), int(round(float(result["fps"])))  # what was written
-        elif stitch and frames:
-            frames += int(stitch.get("before_frames", 0))  # an extension: the stitched whole
+        elif before_frames and frames:
+            frames += before_frames  # an extension: the stitched whole
         phase = "completed" if job.status == "succeeded" else job.stage
         eta = self._eta(job, position)
         worker = (live.get("worker") or {}).get("name")

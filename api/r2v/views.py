@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.core.jobs import op_config
+from api.core.steps import first_run_id
 from api.core.views import JobViews
 from api.r2v.protocol import ArtifactResponse, VersionResponse, iso_time
 from api.store import ArtifactRecord, JobRecord, Store
@@ -60,7 +61,7 @@ def version_response(
         created_at=iso_time(job.created_at),
         updated_at=iso_time(job.updated_at),
         finished_at=iso_time(job.finished_at),
-        run_id=job.run_id,
+        run_id=first_run_id(job),
         stage_times=live.get("stage_times", {}),
         progress=live.get("progress"),
         worker=live.get("worker"),

@@ -1,0 +1,77 @@
+"""The runs a job is made of, in order: its first run (a generation on a device worker, or a merge)
+and the follow-ups the follower submits when the run before succeeds: media work (a shot's stills,
+an extension's stitching) on a media worker, so a device slot is held only while the model works.
+
+A follow-up is stored with the job's request (``request["then"]``), its op config completed with
+the shot the previous run wrote. Each run carries the job's version tag and its step number."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from api.store import JobRecord
+
+STEP_TAG = "shotloom/step"  # 0 (absent) for a job's first run, n for its n-th follow-up
+R2V_JOB = "r2v"
+STILLS_JOB = "shot_stills"
+MERGE_JOB = "merge"
+
+
+def stills_step(work_id: str, shot_id: str) -> dict[str, Any]:
+    """The thumbnail and spritesheet of the shot just written."""
+    return {
+        "job_name": STILLS_JOB,
+        "op": "stills_op",
+        "config": {"work_id": work_id, "shot_id": shot_id},
+        "from_shot": {"video": "path", "spritesheet_frames": "spritesheet_count"},
+    }
+
+
+def stitch_step(config: dict[str, Any]) -> dict[str, Any]:
+    """An extension: its source clips, then the shot just written, merged into one film (with its
+    own stills). ``config`` is merge_op's (work_id, inputs, shot_ids, versions) before the shot."""
+    return {
+        "job_name": MERGE_JOB,
+        "op": "merge_op",
+        "config": config,
+        "append_shot": {"inputs": "path", "shot_ids": "shot_id", "versions": "version_id"},
+    }
+
+
+def follow_ups(job: JobRecord) -> list[dict[str, Any]]:
+    """The job's follow-up runs. A shot accepted by an earlier release (whose device run made the
+    stills itself) has none listed: it gets the stills step, which its run no longer makes."""
+    if "then" in job.request:
+        return list(job.request["then"])
+    if job.request.get("job_name") == R2V_JOB and job.shot_id:
+        return [stills_step(job.work_id, job.shot_id)]
+    return []
+
+
+def follow_up_run(step: dict[str, Any], shot: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(job name, run config) of a follow-up, its config completed from ``shot``: the previous run's
+    video (``path``, its materialization metadata, ``shot_id`` and ``version_id``)."""
+    config = copy.deepcopy(step["config"])
+    for field, key in step.get("from_shot", {}).items():
+        if shot.get(key) is not None:
+            config[field] = shot[key]
+    for field, key in step.get("append_shot", {}).items():
+        config[field] = [*config.get(field, []), shot[key]]
+    return step["job_name"], {"ops": {step["op"]: {"config": config}}}
+
+
+def extension_before_frames(job: JobRecord) -> int:
+    """Frames of the video an extension continues (0 for any other job)."""
+    extension = job.request.get("extension")
+    if extension is not None:
+        return int(extension.get("before_frames", 0))
+    # accepted by an earlier release: one extend run with a stitch op
+    stitch = job.request.get("run_config", {}).get("ops", {}).get("stitch_op", {}).get("config") or {}
+    return int(stitch.get("before_frames", 0))
+
+
+def first_run_id(job: JobRecord) -> str | None:
+    """The run the job was submitted as (or the retry of it that succeeded): the one that wrote
+    the shot. Its follow-ups' runs come after it."""
+    return ((job.live or {}).get("runs") or [job.run_id])[0]

@@ -1,0 +1,107 @@
+"""Frames and sound a request takes from a video before it can answer (a character, a memory slot
+from an earlier shot, an extension's first frame). In the service they are taken by a ``reference``
+run on a media worker, submitted over GraphQL and waited for: the API never decodes video itself.
+A job service without Dagster (tests of the intake) takes them in-process, by the same code."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from api.core.errors import Unavailable
+from api.dagster_client import DagsterGateway, DagsterGatewayError
+from shotloom.media_store import LocalMediaStore
+
+REFERENCE_JOB = "reference"
+REFERENCE_ASSET = ("reference",)  # its materializations, as GraphQL reads the key
+KIND_TAG = "shotloom/kind"
+POLL_S = 0.05  # a warm media worker answers in a few hundred ms
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What a video lends to later shots: frames by name (middle, last), its sound, its length."""
+
+    frames: dict[str, Path]
+    audio: Path | None
+    video_frames: int
+    folder: Path  # holds the files: the caller copies them into its inputs, then releases it
+
+
+class ReferenceTaker(Protocol):
+    """ValueError when the video cannot be read; Unavailable when the media work cannot be done."""
+
+    def reference(self, video: Path, frames: list[str], audio: bool, user: str | None) -> Reference: ...
+
+    def release(self, taken: Reference) -> None: ...
+
+
+class MediaWorkerReferences:
+    """A ``reference`` run on a media worker (its own queue limit: never behind a generation)."""
+
+    def __init__(self, gateway: DagsterGateway, media: LocalMediaStore, timeout_s: float):
+        self.gateway = gateway
+        self.media = media
+        self.timeout_s = timeout_s
+
+    def reference(self, video: Path, frames: list[str], audio: bool, user: str | None) -> Reference:
+        config = {"video": str(video), "frames": frames, "audio": audio}
+        try:
+            run_id = self.gateway.submit(
+                REFERENCE_JOB,
+                {"ops": {"reference_op": {"config": config}}},
+                {KIND_TAG: REFERENCE_JOB, "user": user or "api"},
+            )
+        except DagsterGatewayError as exc:
+            raise Unavailable(f"could not start taking the video's frames: {exc}") from None
+        deadline = time.monotonic() + self.timeout_s
+        run = self.gateway.run(run_id)
+        while run is None or not run.finished:
+            if time.monotonic() > deadline:
+                self.gateway.terminate(run_id, wait_starting_s=0)
+                raise Unavailable(f"no media worker took the video's frames in {self.timeout_s:g} s")
+            time.sleep(POLL_S)
+            run = self.gateway.run(run_id)
+        if run.status != "SUCCESS":
+            refused = [
+                f.description for f in run.step_failures if f.class_name == "Failure" and f.description
+            ]
+            if refused:  # the op refused the video itself (it cannot be read)
+                raise ValueError(refused[0])
+            raise Unavailable(f"taking the video's frames failed: {run.error_summary() or run.status}")
+        [mat] = [m for m in self.gateway.materializations(run_id) if m.asset_key == REFERENCE_ASSET]
+        sound = mat.metadata.get("audio") or None
+        return Reference(
+            frames={name: self.media.path(rel) for name, rel in dict(mat.metadata["frames"]).items()},
+            audio=self.media.path(sound) if sound else None,
+            video_frames=int(mat.metadata["video_frames"]),
+            folder=self.media.reference_dir(run_id),
+        )
+
+    def release(self, taken: Reference) -> None:
+        shutil.rmtree(taken.folder, ignore_errors=True)
+
+
+class InProcessReferences:
+    """The same frames, taken in this process (a job service without Dagster)."""
+
+    def __init__(self, media: LocalMediaStore):
+        self.media = media
+
+    def reference(self, video: Path, frames: list[str], audio: bool, user: str | None) -> Reference:
+        self.media.root.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="reference-", dir=self.media.root))
+        taken = self.media.write_reference(video, folder, frames, audio)
+        return Reference(
+            frames={name: self.media.path(rel) for name, rel in taken["frames"].items()},
+            audio=self.media.path(taken["audio"]) if taken["audio"] else None,
+            video_frames=taken["video_frames"],
+            folder=folder,
+        )
+
+    def release(self, taken: Reference) -> None:
+        shutil.rmtree(taken.folder, ignore_errors=True)
