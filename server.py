@@ -170,7 +170,9 @@ class Stack:
                 self.commands[f"worker-{name}"] = cmd + ([] if cfg.workers.warm else ["--no-warm"])
             for name in cfg.media_worker_names():
                 cmd = [py, "-m", "orchestration.worker", "--pool", "media", "--device", "cpu", "--name", name]
-                self.commands[f"worker-{name}"] = [*cmd, "--threads", "1", *common]
+                self.commands[f"worker-{name}"] = [
+                    *cmd, "--threads", "1", "--nice", str(cfg.workers.media_nice), *common
+                ]  # fmt: skip
         if self.role in ("all", "control"):
             workspace = ["-w", str(cfg.workspace)]
             self.commands["daemon"] = [py, "-m", "orchestration.daemon", "run", *workspace]

@@ -33,6 +33,7 @@ from api.operator import operator_router
 from api.r2v.protocol import validation_error_body
 from api.r2v.router import r2v_router
 from api.r2v.serving import ApiError
+from api.worker_calls import worker_calls_router
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
@@ -84,6 +85,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(openai_router(ctx, videos))
     app.include_router(health_router(ctx))
     app.include_router(operator_router(ctx))
+    app.include_router(worker_calls_router(ctx))
     submitter = submitter_dependency(ctx.keys, lambda message: ApiError(401, message))
     app.include_router(media_router(ctx.media_root), dependencies=[Depends(submitter)])
     install_openapi(

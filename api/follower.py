@@ -98,7 +98,8 @@ class Follower:
         self.api = api
         self.registry = registry  # the workers, as they registered in Dagster's storage
         self.poll_seconds = poll_seconds
-        self.wake = threading.Event()
+        self.wake = threading.Event()  # an accepted job: submit now
+        self.follow_wake = threading.Event()  # a worker said a run ended: read the runs now
         self.stopping = threading.Event()
         self.workers: dict[str, dict[str, Any]] = {}  # latest /status of each device worker
         self.counters = {"submitted": 0, "reconciled": 0, "followed_retries": 0, "callbacks_delivered": 0}
@@ -116,7 +117,7 @@ class Follower:
     def start(self) -> None:
         loops = (
             ("submit", lambda: self._loop((self.submit_pending,), self.wake)),
-            ("follow", lambda: self._loop((self.follow_runs,), self.stopping)),
+            ("follow", lambda: self._loop((self.follow_runs,), self.follow_wake)),
             ("workers", self._every(self.refresh_workers, self.api.workers_refresh_seconds, now=True)),
             ("callbacks", self._callback_loop),
         )
@@ -148,8 +149,13 @@ class Follower:
     def stop(self) -> None:
         self.stopping.set()
         self.wake.set()
+        self.follow_wake.set()
         for t in self._threads:
             t.join(timeout=10)
+
+    def run_ended(self) -> None:
+        """A worker finished a run: the runs are read now rather than at the next tick."""
+        self.follow_wake.set()
 
     def poke(self) -> None:
         """A job was accepted: submit it now rather than at the next tick."""
@@ -172,9 +178,9 @@ class Follower:
                     if down_since is not None:
                         log.info("Dagster reachable again after %.1fs", time.monotonic() - down_since)
                         down_since = None
+            # A rest of a whole interval after each tick (a worker's nudge ends it: a run ended).
             pause.wait(self.poll_seconds)
-            if pause is self.wake:
-                self.wake.clear()
+            pause.clear()
 
     def _callback_loop(self) -> None:
         with httpx.Client(timeout=self.api.callback_timeout_seconds) as client:
@@ -285,7 +291,9 @@ class Follower:
         # Queued runs have nothing new to say; leaving them out keeps a tick cheap with a long queue
         # (only the jobs whose runs moved are loaded).
         runs = self.gateway.runs(list(versions), statuses=_MOVING)
-        for run_id, info in sorted(runs.items(), key=lambda item: item[1].create_time or 0):
+        # Finished runs first (how soon a job reads as done), then the running ones' events.
+        order = sorted(runs.items(), key=lambda item: (not item[1].finished, item[1].create_time or 0))
+        for run_id, info in order:
             job = self.store.get(versions[run_id])
             if job is not None and job.status in ("queued", "running") and job.run_id == run_id:
                 self._apply(job, info)
@@ -341,7 +349,8 @@ class Follower:
         return state
 
     def _live(self, run: RunInfo, job: JobRecord) -> dict[str, Any]:
-        state = self._run_state(run)
+        # A follow-up's stage is known (media work after the shot): its events are not read.
+        state = self._run_state(run) if not _step(run) else self._states.setdefault(run.run_id, RunState())
         times = state.stage_times
         if _step(run):  # the stages the job's earlier runs entered first keep their times
             times = {**times, **(job.live or {}).get("stage_times", {})}
@@ -397,8 +406,11 @@ class Follower:
         running, its stage and stage times carried on."""
         live = self._live(run, job)
         live.update(run_status="STARTING", runs=[*live.get("runs", []), run.run_id])  # the runs before
-        runs = self.gateway.find_runs_by_tag(VERSION_TAG, job.version_id)
-        adopted = [r for r in runs if _first_of_step(r, step)]
+        adopted: list[RunInfo] = []
+        if (run.end_time or 0) < self._boot or job.version_id in self._uncertain:
+            # An earlier process (or a submit that raised) may have submitted it already.
+            runs = self.gateway.find_runs_by_tag(VERSION_TAG, job.version_id)
+            adopted = [r for r in runs if _first_of_step(r, step)]
         if adopted:
             run_id = adopted[-1].run_id
         elif job.cancel_requested_at is not None:  # cancelled between two runs: none is started
@@ -414,6 +426,7 @@ class Follower:
                 raise RuntimeError(f"run {run.run_id} of version {job.version_id} wrote no video")
             facts = {**shot.metadata, "path": shot.path, "shot_id": job.shot_id, "version_id": job.version_id}
             job_name, run_config = follow_up_run(spec, facts)
+            self._uncertain.add(job.version_id)  # until its run is recorded: look before resubmitting
             try:
                 run_id = self.gateway.submit(job_name, run_config, {**run_tags(job), STEP_TAG: str(step)})
             except DagsterUnavailable:
@@ -422,6 +435,7 @@ class Follower:
                 self._refused_run(job, exc)
                 return
         self.store.start_step(job.version_id, run_id)
+        self._uncertain.discard(job.version_id)
         self.store.update_status(job.version_id, status="running", live=live)
         self._states.pop(run.run_id, None)
         log.info("version %s: step %d, run %s (%s)", job.version_id, step, run_id, spec["job_name"])

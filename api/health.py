@@ -36,7 +36,9 @@ class HealthResponse(BaseModel):
     queues: dict[str, dict[str, int]] = Field(description="{'r2v': {status: n}, 'merge': {status: n}}")
     scheduler: dict[str, Any] = Field(default_factory=dict)
     media_workers: list[dict[str, Any]] = Field(
-        default_factory=list, description="Workers that run merges: name, state, ready, run_id."
+        default_factory=list,
+        description="Workers that run the media work (merges, stills, frames taken from videos): "
+        "name, state, ready, run_id. None on any host: not ready (no shot could finish).",
     )
     ffmpeg_available: bool
 
@@ -129,7 +131,7 @@ def health(ctx: ApiContext) -> dict[str, Any]:
         "webserver": bool(webserver),
         "daemon": bool(daemon),
         "workers": bool(workers) and all(w["ready"] for w in workers),  # one device at least
-        "media_workers": all(w["ready"] for w in media),
+        "media_workers": bool(media) and all(w["ready"] for w in media),  # shots end on one
     }
     queues = {kind: ctx.store.counts_by_status(kind) for kind in ("r2v", "merge")}
     busy = sum(1 for w in workers if w["state"] == "busy")

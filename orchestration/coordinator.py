@@ -16,17 +16,35 @@ recorded as an event on the runs it affects.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from dagster import DagsterRunStatus, Field, Float, RunsFilter, StringSource
 from dagster._config.config_schema import UserConfigSchema
 from dagster._core.run_coordinator.queued_run_coordinator import QueuedRunCoordinator, RunQueueConfig
+from dagster._core.storage.runs.schema import RunsTable, RunTagsTable
+from dagster._core.storage.runs.sql_run_storage import SqlRunStorage
 from dagster._core.storage.tags import PRIORITY_TAG
+from sqlalchemy import func, select
 
 from orchestration.launcher import GPU_TAG, POOL_TAGS
 from orchestration.queue_control import QueueControl
 from orchestration.registry import WorkerRegistry
+
+# A run entering or leaving these is what can change a dequeue's outcome.
+_WATCHED = (
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+)
+
+
+@dataclass(frozen=True)
+class QueueLook:
+    key: Hashable  # differs whenever the queue moved
+    startable: bool  # a dequeue now could start a run or apply an operator's request
 
 
 class DeviceRunCoordinator(QueuedRunCoordinator):
@@ -41,6 +59,7 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
         self._control = QueueControl(state_dir) if state_dir else None
         self._heartbeat_timeout = heartbeat_timeout_seconds  # None: the YAML's limits as they are
         self._was_paused: bool | None = None
+        self._limits: dict[str, int] = {}  # pool tag -> limit, as of the last dequeue
         self._told_paused: set[str] = set()  # queued runs told about the current pause
         if dequeue_interval_seconds is not None:
             if dequeue_interval_seconds <= 0:
@@ -52,6 +71,11 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
         return self._dequeue_interval_seconds
 
     def get_run_queue_config(self) -> RunQueueConfig:
+        config = self._queue_config()
+        self._limits = {limit["key"]: limit["limit"] for limit in config.tag_concurrency_limits}
+        return config
+
+    def _queue_config(self) -> RunQueueConfig:
         config = super().get_run_queue_config()
         if self.has_instance and self._heartbeat_timeout is not None:
             config = config._replace(tag_concurrency_limits=self._live_limits(config.tag_concurrency_limits))
@@ -68,6 +92,42 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
         self._record_pause(paused)  # runs queued since the pause began are told too
         limits = [dict(limit) for limit in config.tag_concurrency_limits if limit.get("key") != GPU_TAG]
         return config._replace(tag_concurrency_limits=[*limits, {"key": GPU_TAG, "limit": 0}])
+
+    def queue_look(self) -> QueueLook | None:
+        """What could make a dequeue launch a run, looked at cheaply (one indexed query, one
+        directory listing): per pool, its queued runs (how many, the newest) and its runs in
+        progress; and the operator's queue requests. The daemon dequeues again when this changed
+        and a run could start (a pool with runs queued below its limit as of the last dequeue,
+        or a request to apply), rather than at its next interval. None where the run storage is
+        not SQL (then only the interval counts)."""
+        storage = self._instance.run_storage
+        if not isinstance(storage, SqlRunStorage):
+            return None
+        query = (
+            select(RunsTable.c.status, RunTagsTable.c.key, func.count(), func.max(RunsTable.c.id))
+            .select_from(RunsTable.join(RunTagsTable, RunsTable.c.run_id == RunTagsTable.c.run_id))
+            .where(
+                RunsTable.c.status.in_([s.value for s in _WATCHED]),
+                RunTagsTable.c.key.in_(list(POOL_TAGS.values())),
+            )
+            .group_by(RunsTable.c.status, RunTagsTable.c.key)
+        )
+        with storage.connect() as conn:
+            rows = conn.execute(query).all()
+        pools: dict[str, list[int]] = {}  # tag -> [queued, newest queued, in progress]
+        for status, tag, count, newest in rows:
+            pool = pools.setdefault(tag, [0, 0, 0])
+            if status == DagsterRunStatus.QUEUED.value:
+                pool[0], pool[1] = count, newest
+            else:
+                pool[2] += count
+        startable = any(
+            queued and busy < self._limits.get(tag, busy + 1) for tag, (queued, _, busy) in pools.items()
+        )
+        control = self._control.fingerprint() if self._control else (False, ())
+        pending = bool(control[1]) or control[0] != bool(self._was_paused)
+        key = (tuple(sorted((tag, *pool) for tag, pool in pools.items())), control)
+        return QueueLook(key, startable or pending)
 
     def _live_limits(self, limits) -> list[dict[str, Any]]:
         """One slot per worker alive in the registry, per pool (a pool's tag not in the YAML's

@@ -1,41 +1,73 @@
-"""The Dagster daemon (``dagster-daemon run``) with a shorter wait between the run queue's dequeues.
+"""The Dagster daemon (``dagster-daemon run``) with a run queue that dequeues when the queue changes.
 
-Dagster's interval daemons wait for their next iteration in 0.5 s slices, so a run submitted just
-after a dequeue waits up to a whole slice whatever ``dequeue_interval_seconds`` says. Here the run
-queue's daemon waits in :data:`WAIT_SLICE_S` slices instead (the other daemons are unchanged), so
-the dequeue interval is what decides how soon a queued run starts. The loop itself is Dagster's:
-only the event it waits on is given a shorter timeout.
+Dagster's interval daemons run an iteration, then wait out their interval in 0.5 s slices: a run
+submitted just after a dequeue waits up to a whole interval, and a slot freed by a finishing run
+stays empty as long. Here the run queue's daemon waits in :data:`WAIT_SLICE_S` slices and, at each,
+looks at the queue (the coordinator's ``queue_look``: one indexed query); when it moved and a run
+could start (a run queued while its pool has a free slot, a run ended with runs waiting, an
+operator's request) it dequeues at once. The interval (``dequeue_interval_seconds``) remains for
+what the look does not see: a worker that came alive. The other daemons are Dagster's, unchanged;
+so is the iteration itself.
 """
 
 from __future__ import annotations
 
-import threading
+import sys
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
+from dagster._utils.error import serializable_error_info_from_exc_info
 
 WAIT_SLICE_S = 0.05
 
 
-class _ShortWaits:
-    """A shutdown event whose timed waits last at most ``slice_s`` (the loop re-checks its clock)."""
+def _moved(look: Callable[[], Any]) -> Callable[[], bool]:
+    """A check that answers True once the queue moved since it was made and a dequeue could start
+    something (``look`` returns a QueueLook; one that fails, e.g. the database busy, is no news:
+    the interval still runs)."""
 
-    def __init__(self, event: threading.Event, slice_s: float):
-        self._event = event
-        self._slice_s = slice_s
+    def safe() -> Any:
+        try:
+            return look()
+        except Exception:
+            return None
 
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(self._slice_s if timeout is None else min(timeout, self._slice_s))
+    seen = safe()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._event, name)
+    def check() -> bool:
+        now = safe()
+        return now is not None and seen is not None and now.key != seen.key and now.startable
+
+    return check
 
 
 def _patch_run_queue_daemon() -> None:
-    stock = QueuedRunCoordinatorDaemon.core_loop
+    def core_loop(self, workspace_process_context, shutdown_event) -> Iterator[Any]:
+        from dagster._daemon.daemon import SpanMarker
 
-    def core_loop(self, workspace_process_context, shutdown_event):
-        return stock(self, workspace_process_context, _ShortWaits(shutdown_event, WAIT_SLICE_S))
+        coordinator = workspace_process_context.instance.run_coordinator
+        look = getattr(coordinator, "queue_look", None)
+        while True:
+            start = time.time()
+            # Looked at before the dequeue: a run queued while it runs is not missed (what the
+            # dequeue itself launched counts as a change too: one more, cheap, dequeue).
+            moved = _moved(look) if look is not None else (lambda: False)
+            yield SpanMarker.START_SPAN
+            try:
+                yield from self.run_iteration(workspace_process_context)
+            except Exception:
+                error_info = serializable_error_info_from_exc_info(sys.exc_info())
+                self._logger.error("Caught error:\n%s", error_info)
+                yield error_info
+            yield SpanMarker.END_SPAN
+            while time.time() - start < self.interval_seconds:
+                shutdown_event.wait(WAIT_SLICE_S)
+                if moved():
+                    break
+                yield None
+            yield None
 
     QueuedRunCoordinatorDaemon.core_loop = core_loop  # type: ignore[method-assign]
 

@@ -46,6 +46,16 @@ class QueueControl:
         except FileNotFoundError:
             return False
 
+    def fingerprint(self) -> tuple[bool, tuple[str, ...]]:
+        """Changes whenever a request is written or applied (the daemon looks every few ms)."""
+        pending: list[str] = []
+        for sub in ("priority", "notes"):
+            try:
+                pending += sorted(f"{sub}/{e.name}" for e in os.scandir(self.root / sub))
+            except OSError:
+                pass
+        return self._paused_file.exists(), tuple(pending)
+
     def request_priority(self, run_id: str, priority: int, by: str) -> None:
         _write(self.root / "priority" / f"{run_id}.json", {"priority": priority, "by": by, "at": time.time()})
 

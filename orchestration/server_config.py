@@ -62,9 +62,11 @@ class WorkersConfig(_Strict):
         default_factory=list, description="This host's device workers (a control-only host lists none)."
     )
     media: int = Field(
-        default=1,
+        default=2,
         ge=0,
-        description="Media workers (CPU, no model): merges run there, never behind a generation.",
+        description="Media workers (CPU, no model, no torch): merges, each shot's stills, stitching and "
+        "frames taken from videos run there, never behind a generation; two, so a merge or a "
+        "request's frames seldom wait behind a shot's stills.",
     )
     name_prefix: str = Field(
         default="",
@@ -85,6 +87,14 @@ class WorkersConfig(_Strict):
         le=19,
         description="Niceness of CPU device workers: their compute yields the CPU to the API, webserver "
         "and daemon, which stay responsive on a saturated host (CUDA workers default to 0).",
+    )
+
+    media_nice: int = Field(
+        default=5,
+        ge=0,
+        le=19,
+        description="Niceness of media workers: between the API (0) and CPU device workers (cpu_nice): "
+        "a still or a merge yields to the API's answers, not to a generation.",
     )
 
     def niceness(self, device: DeviceConfig) -> int:
@@ -185,7 +195,10 @@ class ServerConfig(_Strict):
     retries: RetriesConfig = RetriesConfig()
     api: ApiConfig = ApiConfig()
     dequeue_interval_seconds: float = Field(
-        default=0.25, gt=0, description="How often the daemon launches queued runs."
+        default=1.0,
+        gt=0,
+        description="The daemon dequeues as soon as a run is queued or finishes (it looks every "
+        "50 ms); besides, at this interval, for what that look does not see (a worker come alive).",
     )
     media_root: Path | None = Field(default=None, description="Default: <state_dir>/media.")
     step_storage: Path | None = Field(default=None, description="Default: <state_dir>/steps.")

@@ -126,6 +126,7 @@ class Worker:
         warm: bool,
         runtime_cfg=None,
         pool: str = "device",
+        api_url: str | None = None,
     ):
         from dagster import DagsterInstance
 
@@ -147,6 +148,7 @@ class Worker:
         self.stopping = False
         self.inbox: queue.Queue[tuple[str, bool]] = queue.Queue()
         self.url = ""
+        self.api_url = api_url  # told when a run ended (its follower reads runs now, not at its tick)
         self._server: ThreadingHTTPServer | None = None
 
     # -- called from HTTP threads ---------------------------------------------
@@ -471,6 +473,22 @@ class Worker:
             self.finished.append(run_id)
             self.runs_done += 1
             self.state = "stopping" if self.stopping else "idle"
+        if self.api_url:
+            threading.Thread(target=self._tell_api, args=(run_id,), daemon=True).start()
+
+    def _tell_api(self, run_id: str) -> None:
+        """A nudge, nothing more: a missed one costs the API one follow tick."""
+        import urllib.request
+
+        from orchestration.launcher import worker_auth_headers
+
+        request = urllib.request.Request(
+            f"{self.api_url}/internal/run-ended", data=b"", method="POST", headers=worker_auth_headers()
+        )
+        try:
+            urllib.request.urlopen(request, timeout=1.0).close()
+        except OSError as exc:
+            log.debug("%s: could not tell the API that %s ended: %s", self.name, run_id, exc)
 
     def _on_signal(self, signo: int, _frame: FrameType | None) -> None:
         # Installed between runs. SIGINT there is a terminate that raced the run's end: never die.
@@ -655,15 +673,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.nice > 0:
         os.nice(args.nice)  # torch's threads, started later, inherit it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.threads > 0:
+    if args.threads > 0 and args.pool == "device":  # media workers never load torch
         import torch
 
         torch.set_num_threads(args.threads)
     name = args.name or device.replace(":", "-")
     from orchestration.server_config import RuntimeConfig, ServerConfig
 
-    runtime_cfg = ServerConfig.load(args.server_config).runtime if args.server_config else RuntimeConfig()
-    worker = Worker(name, device, args.threads, Path(args.state_dir), args.warm, runtime_cfg, args.pool)
+    server = ServerConfig.load(args.server_config) if args.server_config else None
+    runtime_cfg = server.runtime if server else RuntimeConfig()
+    api_url = server.api.local_url() if server else None
+    worker = Worker(
+        name, device, args.threads, Path(args.state_dir), args.warm, runtime_cfg, args.pool, api_url
+    )
     worker.serve(args.host, args.port, args.advertise or None)
 
 

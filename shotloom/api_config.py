@@ -126,10 +126,11 @@ class ApiConfig(_Strict):
         "14% of the API process's CPU (bench/api.py); errors and the service's own events are logged.",
     )
     follow_interval_seconds: float = Field(
-        default=0.25,
+        default=0.5,
         gt=0,
         description="How often the API reads the status of unfinished runs (one GraphQL query for all, "
-        "plus the new events of running ones): how soon a finished job reads as finished.",
+        "plus the new events of running ones): how fresh a running job's stage and progress are. A "
+        "worker that ended a run tells the API, which then reads at once (else within this).",
     )
     workers_refresh_seconds: float = Field(
         default=1.0,
@@ -154,6 +155,10 @@ class ApiConfig(_Strict):
         """Public base URL without a trailing slash."""
         if self.public_url:
             return self.public_url.rstrip("/")
+        return self.local_url()
+
+    def local_url(self) -> str:
+        """Where this host's processes reach the API (the workers tell it when a run ended)."""
         host = self.host
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"

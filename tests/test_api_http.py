@@ -456,9 +456,9 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
     # The merge ran in the long-lived media worker's process (no process started per merge).
     from orchestration.launcher import WORKER_TAG, read_workers
 
-    [media] = read_workers(api.state, "media")
+    media = sorted(w.name for w in read_workers(api.state, "media"))
     health = api.get("/health").json()
-    assert [w["name"] for w in health["media_workers"]] == [media.name] and health["ready"]["media_workers"]
+    assert [w["name"] for w in health["media_workers"]] == media and health["ready"]["media_workers"]
 
     # Lineage, walked through Dagster's GraphQL as an operator's tool would: the film's
     # materialization names its shots' versions; each version's run recorded its shot with the
@@ -469,7 +469,7 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
     web = yaml.safe_load(api.config.read_text())["webserver"]
     gateway = DagsterGateway(web["host"], web["port"])
     merge_run = gateway.run(done["run_id"])
-    assert merge_run.tags[WORKER_TAG] == media.name
+    assert merge_run.tags[WORKER_TAG] in media
     [film] = [m for m in gateway.materializations(done["run_id"]) if m.asset_key == ("film",)]
     assert film.metadata["versions"] == versions
     assert done["derived_from"] == versions  # GET /version says the same
@@ -479,7 +479,7 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
         # (the device slot was free before the PNGs were made).
         runs = sorted(gateway.find_runs_by_tag(VERSION_TAG, version), key=lambda r: r.create_time or 0)
         assert [(r.job_name, r.status) for r in runs] == [("r2v", "SUCCESS"), ("shot_stills", "SUCCESS")]
-        assert runs[0].tags[WORKER_TAG].startswith("cpu-") and runs[1].tags[WORKER_TAG] == media.name
+        assert runs[0].tags[WORKER_TAG].startswith("cpu-") and runs[1].tags[WORKER_TAG] in media
         assert runs[0].run_id == api.get(f"/version/{version}").json()["run_id"]  # the one that made it
         [shot] = [m for m in gateway.materializations(runs[0].run_id) if m.asset_key == ("shot",)]
         [stills] = [m for m in gateway.materializations(runs[1].run_id) if m.asset_key == ("shot_stills",)]

@@ -188,3 +188,40 @@ def test_character_slots_count_against_the_reference_limit(tmp_path, store):
     # Over the limit because of the characters: they are memory slots of this dialect.
     err = refused(lambda: intake.accept_r2v(r2v(memory_slots=[*images, *characters]), None), 422)
     assert err.field == "memory_slots" and "at most 3 reference images, got 4" in err.message
+
+
+def test_a_shot_is_followed_by_its_stills_and_an_extension_by_its_stitching(tmp_path, store):
+    """The runs after a shot's device run, as the follower builds them from what the run wrote:
+    run configs the jobs accept (validated against the code location's jobs)."""
+    from dataclasses import replace
+
+    from dagster import validate_run_config
+
+    from api.core.steps import follow_up_run, follow_ups, stitch_step
+    from orchestration.definitions import defs
+
+    intake, _ = make_intake(tmp_path, store)
+    job = intake.accept_r2v(r2v(), None).job
+    wrote = {"path": "r2v/w/s/run/output.mp4", "spritesheet_count": 4, "shot_id": "s", "version_id": "v1"}
+    [step] = follow_ups(job)
+    name, config = follow_up_run(step, wrote)
+    assert name == "shot_stills"
+    assert config["ops"]["stills_op"]["config"] == {
+        "work_id": "w", "shot_id": "s", "video": "r2v/w/s/run/output.mp4", "spritesheet_frames": 4,
+    }  # fmt: skip
+    validate_run_config(defs.get_job_def(name), config)
+    # A shot accepted by an earlier release (its run made the stills itself; it no longer does).
+    legacy = replace(job, request={k: v for k, v in job.request.items() if k != "then"})
+    assert follow_ups(legacy) == [step]
+
+    source = {"inputs": ["/m/source.mp4"], "shot_ids": ["upload:ab"], "versions": ["sha256:ab"]}
+    stitch = stitch_step({"work_id": "w", **source})
+    name, config = follow_up_run(stitch, wrote)
+    assert name == "merge" and config["ops"]["merge_op"]["config"] == {
+        "work_id": "w",
+        "inputs": ["/m/source.mp4", "r2v/w/s/run/output.mp4"],
+        "shot_ids": ["upload:ab", "s"],
+        "versions": ["sha256:ab", "v1"],
+    }
+    validate_run_config(defs.get_job_def(name), config)
+    assert stitch["config"]["inputs"] == ["/m/source.mp4"]  # the stored step is left as it was

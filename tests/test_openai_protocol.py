@@ -703,6 +703,8 @@ def test_health_is_starting_then_ok_then_degraded_when_a_worker_is_gone(tmp_path
     ctx.follower.started = True
     assert get() == (503, "starting")  # w0 warming, w1 not registered yet
     ctx.follower.workers = {n: {"pool": "device", "state": "idle"} for n in ("w0", "w1")}
+    assert get() == (503, "starting")  # no media worker on any host yet: no shot could finish
+    ctx.follower.workers["media-0"] = {"pool": "media", "state": "idle"}  # registered on some host
     assert get() == (200, "ok")
     ctx.follower.workers["w1"] = {"pool": "device", "state": "unreachable"}
     assert get() == (503, "degraded")

@@ -83,6 +83,120 @@ def test_launcher_imports_without_torch():
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
+def test_the_daemon_dequeues_as_soon_as_the_queue_changes(tmp_path):
+    """server.py's daemon does not wait out its interval once a run is queued, a run ends or an
+    operator pauses: its look at the queue (one query) changes, and it dequeues again at once."""
+    import threading
+
+    from dagster._core.storage.dagster_run import DagsterRun
+    from dagster._core.storage.runs.schema import RunsTable
+
+    from orchestration.daemon import _patch_run_queue_daemon
+    from orchestration.queue_control import QueueControl
+
+    cfg = ServerConfig.model_validate(
+        {
+            "state_dir": str(tmp_path),
+            "inference": {"config": "configs/inference.wan-tiny.yaml"},
+            "workers": {"devices": [{"device": "cpu"}]},
+            "dequeue_interval_seconds": 600,  # never reached here: only a change wakes it
+        }
+    ).resolved()
+    cfg.write_dagster_yaml()
+    _patch_run_queue_daemon()
+    with DagsterInstance.from_config(str(cfg.dagster_home)) as instance:
+        coordinator = instance.run_coordinator
+        daemon = create_daemon_of_type(QueuedRunCoordinatorDaemon.daemon_type(), instance)
+        iterations: list[float] = []
+
+        def run_iteration(_context):
+            iterations.append(time.monotonic())
+            yield None
+
+        daemon.run_iteration = run_iteration
+        context = type("Context", (), {"instance": instance})()
+        loop = daemon.core_loop(context, threading.Event())
+
+        def iterate_until(count: int) -> None:
+            deadline = time.monotonic() + 60
+            while len(iterations) < count:
+                assert time.monotonic() < deadline, "the daemon waited for its interval"
+                next(loop)
+
+        def add(run_id: str, status: DagsterRunStatus):
+            run = instance.add_run(DagsterRun(job_name="r2v", run_id=run_id * 32, tags={GPU_TAG: "1"}))
+            with instance.run_storage.connect() as conn:  # as the daemon sees it (no code origin here)
+                conn.execute(
+                    RunsTable.update().where(RunsTable.c.run_id == run.run_id).values(status=status.value)
+                )
+            return run.run_id
+
+        iterate_until(1)
+        add("a", DagsterRunStatus.QUEUED)
+        iterate_until(2)  # a run queued (no limit known yet: it could start)
+        running = add("b", DagsterRunStatus.STARTED)
+        coordinator._limits = {GPU_TAG: 1}  # as the last dequeue found it: one device, now busy
+        for _ in range(40):  # ~2 s of looks
+            next(loop)
+        assert len(iterations) == 2  # the queue moved, but nothing could start: no dequeue
+        add("c", DagsterRunStatus.QUEUED)
+        for _ in range(40):
+            next(loop)
+        assert len(iterations) == 2
+        # a run ended with runs waiting: its slot is free
+        instance.report_run_failed(instance.get_run_by_id(running))
+        iterate_until(3)
+        QueueControl(tmp_path).pause("ops")  # an operator's request
+        iterate_until(4)
+        assert iterations[-1] - iterations[0] < 30  # far below the 600 s interval: no wait was served
+
+
+def test_a_worker_that_ended_a_run_tells_the_api_whose_follower_reads_the_runs_at_once(monkeypatch, tmp_path):
+    """The worker's nudge, into the API's real route: the follower's next tick comes now. With the
+    workers' token set, only a caller holding it is heard; the route is not in the public schema."""
+    import threading
+    from types import SimpleNamespace
+
+    import httpx
+    import uvicorn
+    from fastapi import FastAPI
+
+    from api.follower import Follower
+    from api.store import Store
+    from api.worker_calls import worker_calls_router
+    from orchestration.launcher import WORKER_TOKEN_ENV
+    from orchestration.worker import Worker
+    from shotloom.api_config import ApiConfig
+
+    from api_stack import wait_for
+
+    store = Store(f"sqlite:///{tmp_path / 'service.sqlite'}")
+    follower = Follower(store, None, ApiConfig(), None)  # not started: only its wake is looked at
+    app = FastAPI()
+    app.include_router(worker_calls_router(SimpleNamespace(follower=follower)))
+    assert "/internal/run-ended" not in app.openapi()["paths"]
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 20, "the API's route", interval=0.05)
+        worker = SimpleNamespace(name="media-0", api_url=f"http://127.0.0.1:{port}")
+        Worker._tell_api(worker, "r" * 32)
+        assert follower.follow_wake.is_set()
+        follower.follow_wake.clear()
+
+        monkeypatch.setenv(WORKER_TOKEN_ENV, "t0ken-of-the-control-plane")
+        stranger = httpx.post(f"http://127.0.0.1:{port}/internal/run-ended", timeout=5)
+        assert stranger.status_code == 401 and not follower.follow_wake.is_set()
+        Worker._tell_api(worker, "r" * 32)  # the worker sends the token it holds
+        assert follower.follow_wake.is_set()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        store.close()
+
+
 def test_a_terminate_racing_another_on_a_queued_run_changes_nothing(tmp_path):
     """Two terminates of one queued run at once (a client's cancel and the API's retry): the queue
     cancels it, and the second, finding it CANCELING, must not write CANCELING again over the
@@ -122,18 +236,10 @@ def test_generated_dagster_yaml_builds_the_instance(tmp_path):
         assert isinstance(instance.run_launcher, DeviceRunLauncher)
         assert instance.run_launcher.supports_check_run_worker_health
         coordinator = instance.run_coordinator
-        assert coordinator.dequeue_interval_seconds == 0.25
-        # The daemon reads the interval from the coordinator (a float: sub-second dequeue).
+        assert coordinator.dequeue_interval_seconds == 1.0
+        # The daemon reads the interval from the coordinator (a float).
         dequeuer = create_daemon_of_type(QueuedRunCoordinatorDaemon.daemon_type(), instance)
-        assert dequeuer.interval_seconds == 0.25
-        # server.py's daemon waits between dequeues in slices shorter than the interval.
-        from orchestration.daemon import WAIT_SLICE_S, _ShortWaits
-
-        waits: list[float | None] = []
-        event = type("Event", (), {"wait": lambda self, t=None: waits.append(t) or False})()
-        short = _ShortWaits(event, WAIT_SLICE_S)
-        short.wait(0.5), short.wait(0.01), short.wait()
-        assert waits == [WAIT_SLICE_S, 0.01, WAIT_SLICE_S]
+        assert dequeuer.interval_seconds == 1.0
         # One slot per worker alive in the registry, per pool (on any host): none registered yet.
         limits = coordinator.get_run_queue_config().tag_concurrency_limits
         assert limits == [{"key": GPU_TAG, "limit": 0}, {"key": MEDIA_TAG, "limit": 0}]
@@ -288,9 +394,10 @@ def test_merge_runs_on_the_warm_media_worker_never_a_device(stack):
     )
     assert stack.wait([run_id], timeout=120) == [DagsterRunStatus.SUCCESS], stack.log("daemon")
     run = stack.instance().get_run_by_id(run_id)
-    assert GPU_TAG not in run.tags and run.tags[WORKER_TAG] == "media-0"  # no device for a merge
-    [media_worker] = read_workers(stack.state, "media")
-    assert run.tags[PID_TAG] == str(media_worker.pid)  # in the long-lived process: none started for it
+    pids = {w.name: str(w.pid) for w in read_workers(stack.state, "media")}
+    assert sorted(pids) == ["media-0", "media-1"]  # the default: two media lanes
+    assert GPU_TAG not in run.tags and run.tags[WORKER_TAG] in pids  # no device for a merge
+    assert run.tags[PID_TAG] == pids[run.tags[WORKER_TAG]]  # in the long-lived process: none started
     assert list((media / "merge" / "w").glob("*/film.mp4"))
 
 
