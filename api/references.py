@@ -17,6 +17,9 @@ from api.dagster_client import DagsterGateway, DagsterGatewayError
 from shotloom.media_store import LocalMediaStore
 
 REFERENCE_JOB = "reference"
+# A request waits for it: it goes before the queued stills and merges of the media lanes.
+REFERENCE_PRIORITY = "10"
+PRIORITY_TAG = "dagster/priority"
 REFERENCE_ASSET = ("reference",)  # its materializations, as GraphQL reads the key
 KIND_TAG = "shotloom/kind"
 POLL_S = 0.05  # a warm media worker answers in a few hundred ms
@@ -29,7 +32,9 @@ class Reference:
     frames: dict[str, Path]
     audio: Path | None
     video_frames: int
-    folder: Path  # holds the files: the caller copies them into its inputs, then releases it
+    # Holds the files: the caller copies them into its inputs, then releases it. None: a shot's
+    # own kept reference (it stays with the shot).
+    folder: Path | None
 
 
 class ReferenceTaker(Protocol):
@@ -54,7 +59,7 @@ class MediaWorkerReferences:
             run_id = self.gateway.submit(
                 REFERENCE_JOB,
                 {"ops": {"reference_op": {"config": config}}},
-                {KIND_TAG: REFERENCE_JOB, "user": user or "api"},
+                {KIND_TAG: REFERENCE_JOB, "user": user or "api", PRIORITY_TAG: REFERENCE_PRIORITY},
             )
         except DagsterGatewayError as exc:
             raise Unavailable(f"could not start taking the video's frames: {exc}") from None
@@ -83,7 +88,8 @@ class MediaWorkerReferences:
         )
 
     def release(self, taken: Reference) -> None:
-        shutil.rmtree(taken.folder, ignore_errors=True)
+        if taken.folder is not None:
+            shutil.rmtree(taken.folder, ignore_errors=True)
 
 
 class InProcessReferences:
@@ -104,4 +110,5 @@ class InProcessReferences:
         )
 
     def release(self, taken: Reference) -> None:
-        shutil.rmtree(taken.folder, ignore_errors=True)
+        if taken.folder is not None:
+            shutil.rmtree(taken.folder, ignore_errors=True)

@@ -1,5 +1,6 @@
-"""The stills op: a shot's thumbnail and spritesheet, made on a media worker after the device
-run wrote the MP4 (the device slot is free by then: PNG work never holds a GPU)."""
+"""The stills op: a shot's thumbnail and spritesheet (and the frames and sound later shots take from
+it), made on a media worker after the device run wrote the MP4 (the device slot is free by then:
+PNG work never holds a GPU)."""
 
 from dagster import AssetMaterialization, Config, OpExecutionContext, Out, Output, op
 from pydantic import Field
@@ -24,6 +25,8 @@ def stills_op(context: OpExecutionContext, config: StillsConfig, media: MediaSto
     run_state.record(context.instance, context.run_id, stages.stage_tags(stages.WRITING))
     video = media.resolve(config.video)
     stills = media.write_stills(video, video, config.spritesheet_frames)
+    # What later shots take from this one (memory, an extension's first frame), kept beside it.
+    media.keep_reference(video)
     context.log_event(
         AssetMaterialization(
             asset_key=SHOT_STILLS_KEY,

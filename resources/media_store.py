@@ -47,6 +47,9 @@ class MediaStoreResource(ConfigurableResource):
     def write_reference(self, video: Path, folder: Path, frames: list[str], audio: bool) -> dict[str, Any]:
         return self.store.write_reference(video, folder, frames, audio)
 
+    def keep_reference(self, video: Path) -> dict[str, Any]:
+        return self.store.keep_reference(video)
+
     def resolve(self, relative: str) -> Path:
         """A media-root-relative path back to a file, refusing anything that leaves the root."""
         return self.store.path(relative)

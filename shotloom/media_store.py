@@ -9,6 +9,7 @@ same methods.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -19,6 +20,8 @@ from typing import Any
 # Stills written beside each MP4 (shot or film), once, after the MP4 is written.
 THUMBNAIL_NAME = "thumbnail.png"
 SPRITESHEET_NAME = "spritesheet.png"
+KEPT_REFERENCE_DIR = "reference"  # beside a shot's MP4: its frames and sound for later shots
+KEPT_REFERENCE_MANIFEST = "reference.json"
 
 
 class LocalMediaStore:
@@ -118,8 +121,30 @@ class LocalMediaStore:
             out["audio"] = self.relative(media.extract_audio_wav(video, folder / "audio.wav"))
         return out
 
+    # A written shot keeps what it lends to later shots (its middle and last frames, its sound)
+    # beside its MP4, so a request taking memory from it needs no media run.
+    def kept_reference_dir(self, video: Path) -> Path:
+        return video.parent / KEPT_REFERENCE_DIR
+
+    def keep_reference(self, video: Path) -> dict[str, Any]:
+        folder = self.kept_reference_dir(video)
+        taken = self.write_reference(video, folder, ["middle", "last"], audio=True)
+        manifest = folder / KEPT_REFERENCE_MANIFEST
+        tmp = manifest.with_suffix(".tmp")
+        tmp.write_text(json.dumps(taken))
+        os.replace(tmp, manifest)  # last: a manifest names only files already written
+        return taken
+
+    def kept_reference(self, video: Path) -> dict[str, Any] | None:
+        """What :meth:`keep_reference` wrote for ``video`` (root-relative paths), if it did."""
+        try:
+            return json.loads((self.kept_reference_dir(video) / KEPT_REFERENCE_MANIFEST).read_text())
+        except (OSError, ValueError):
+            return None
+
     def remove(self, relative: str) -> None:
-        """Delete a file, and its run's folder once that is empty (one folder per written shot)."""
+        """Delete a file (a video with the reference it kept), and its run's folder once that is
+        empty (one folder per written shot)."""
         try:
             path = self.path(relative)
         except ValueError:
@@ -127,6 +152,8 @@ class LocalMediaStore:
         if path == self.root:
             return
         path.unlink(missing_ok=True)
+        if path.suffix == ".mp4":
+            shutil.rmtree(self.kept_reference_dir(path), ignore_errors=True)
         parent = path.parent
         if parent != self.root and parent.is_relative_to(self.root) and not any(parent.iterdir()):
             shutil.rmtree(parent, ignore_errors=True)

@@ -223,12 +223,22 @@ def test_unknown_ids_and_traversal_are_404(api):
 
 
 def test_memory_slot_by_shot_id_uses_the_newest_shot_of_the_work(api):
+    from orchestration.server_config import ServerConfig
+    from shotloom.media import file_sha256
+
+    gateway = api.gateway()
+    taken = len(gateway.find_runs_by_tag("shotloom/kind", "reference"))
     resp = api.post("/r2v", shot("s4", memory_slots=[{"shot_id": "s1"}]))
     assert resp.status_code == 202, resp.text
     done = api.wait_version(resp.json()["version_id"])
     assert done["status"] == "succeeded", done["error"]
     slot = done["request"]["inputs"]["memory_slots[0]"]
     assert slot["image"]["media_type"] == "image/png"
+    # s1 kept its middle frame when its stills were made: the accept ran no media work for it.
+    assert len(gateway.find_runs_by_tag("shotloom/kind", "reference")) == taken
+    s1 = api.get(f"/version/{api.find_version('s1')}").json()["video_url"].split("/media/", 1)[1]
+    kept = ServerConfig.load(api.config).media_root / s1
+    assert slot["image"]["sha256"] == file_sha256(kept.parent / "reference" / "middle.png")
 
 
 def test_a_source_video_slot_runs_video_to_video_from_an_earlier_version(api):

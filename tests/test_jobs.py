@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -139,6 +140,13 @@ def test_shot_and_film_get_thumbnail_and_spritesheet(instance, tmp_path, wan_che
     meta = {k: v.value for k, v in mat.metadata.items()}
     assert meta["video"] == artifact.path
     assert_stills(meta, root, root / artifact.path, count=4, grid="2x2")
+    # ...and what later shots take from it (memory, an extension's first frame), kept beside it.
+    video = root / artifact.path
+    kept = json.loads((video.parent / "reference" / "reference.json").read_text())
+    assert kept["video_frames"] == 17 and kept["audio"]  # the silent AAC track
+    for name, index in (("middle", 8), ("last", 16)):
+        png = np.asarray(Image.open(root / kept["frames"][name]).convert("RGB"))
+        assert np.array_equal(png, np.asarray(media.extract_frame(video, index)))
     assert meta["spritesheet_frames"] == [0, 5, 11, 16]
 
     result = defs.get_job_def("merge").execute_in_process(

@@ -360,8 +360,14 @@ def test_delete_queued_running_and_finished(client, stack):
 
     # A finished one goes with its files; a cancelled one goes at the second DELETE.
     finished = wait_status(stack, videos[1].id, ("completed",))
+    from orchestration.server_config import ServerConfig
+
+    version = stack.get(f"/version/{finished['shotloom']['version_id']}").json()
+    folder = (ServerConfig.load(stack.config).media_root / version["video_url"].split("/media/", 1)[1]).parent
+    assert (folder / "thumbnail.png").is_file() and (folder / "reference" / "middle.png").is_file()
     gone = client.videos.delete(finished["id"])
     assert gone.deleted is True and gone.object == "video.deleted"
+    assert not folder.exists()  # the MP4, its stills and the frames it kept for later shots
     with pytest.raises(openai.NotFoundError):
         client.videos.retrieve(finished["id"])
     assert client.videos.delete(last.id).deleted is True
@@ -581,7 +587,7 @@ def test_characters_from_an_upload_and_by_id_then_used_in_a_later_video(
     # the run's files are gone once the service stored its copies.
     [taken] = [r for r in gateway.find_runs_by_tag("shotloom/kind", "reference") if r.run_id not in before]
     assert taken.status == "SUCCESS" and taken.tags["shotloom/worker"].startswith("media-")
-    assert taken.job_name == "reference"
+    assert taken.job_name == "reference" and taken.tags["dagster/priority"] == "10"  # a client waits
     [mat] = gateway.materializations(taken.run_id)
     assert mat.asset_key == ("reference",) and set(mat.metadata["frames"]) == {"middle"}
     from orchestration.server_config import ServerConfig

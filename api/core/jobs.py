@@ -24,7 +24,7 @@ from api.core.specs import GuideRef, InputRef, MemoryRef, MergeSpec, ShotSpec, S
 from api.core.steps import MERGE_JOB, R2V_JOB, stills_step, stitch_step
 from api.core.timing import stage_durations, stage_medians
 from api.inputs import InputAsset, InputError, Role, copy_into_assets, resolve_resource
-from api.references import InProcessReferences, ReferenceTaker
+from api.references import InProcessReferences, Reference, ReferenceTaker
 from api.store import (
     FINISHED,
     CharacterRecord,
@@ -412,7 +412,12 @@ class JobService:
             )
         asset, described = self._source_video(source)
         frames, audio, video_frames = self._reference(
-            asset.path, ["middle", "last"], caps is None or caps.audio_in, source.field, spec.submitter
+            asset.path,
+            ["middle", "last"],
+            caps is None or caps.audio_in,
+            source.field,
+            spec.submitter,
+            kept_by=self._version_video(described),
         )
         image, first = frames["middle"], frames["last"]
         config["first_frame"] = str(first.path)
@@ -450,7 +455,10 @@ class JobService:
         representative frame and its audio track, stored content-addressed. The same name and
         media give the same id."""
         asset, described = self._source_video(source)
-        image, audio = self._memory_from_video(asset.path, source.field, True, submitter)
+        frames, audio, _ = self._reference(
+            asset.path, ["middle"], True, source.field, submitter, kept_by=self._version_video(described)
+        )
+        image = frames["middle"]
         key = "\0".join([name, image.sha256, audio.sha256 if audio else ""])
         character_id = "char_" + hashlib.sha256(key.encode()).hexdigest()[:32]
         origin = (
@@ -469,25 +477,32 @@ class JobService:
         video = self.video_path(job.version_id) if job is not None else None
         if job is None or video is None:
             raise Conflict(f"no successful shot {shot_id!r} in work {work_id!r} to take memory from", field)
-        return (*self._memory_from_video(video, field, with_audio), job.version_id)
+        # A representative frame and the complete audio track (the audio only where the model takes it).
+        frames, audio, _ = self._reference(video, ["middle"], with_audio, field, None, kept_by=video)
+        return frames["middle"], audio, job.version_id
 
-    def _memory_from_video(
-        self, video: Path, field: str, with_audio: bool, submitter: str | None = None
-    ) -> tuple[InputAsset, InputAsset | None]:
-        """A representative frame and the complete audio track of a video (the audio only where
-        the model takes audio)."""
-        frames, audio, _ = self._reference(video, ["middle"], with_audio, field, submitter)
-        return frames["middle"], audio
+    def _version_video(self, described: dict[str, Any]) -> Path | None:
+        """The MP4 of the version a source came from (None for an upload)."""
+        return self.video_path(described["version_id"]) if "version_id" in described else None
 
     def _reference(
-        self, video: Path, frames: list[str], with_audio: bool, field: str, submitter: str | None
+        self,
+        video: Path,
+        frames: list[str],
+        with_audio: bool,
+        field: str,
+        submitter: str | None,
+        kept_by: Path | None = None,
     ) -> tuple[dict[str, InputAsset], InputAsset | None, int]:
-        """Frames (middle, last) and the sound of a video, taken on a media worker and stored like
-        client inputs; and the video's frame count."""
-        try:
-            taken = self.references.reference(video, frames, with_audio, submitter)
-        except ValueError as exc:
-            raise InvalidField(f"cannot take frames from the video: {exc}", field) from None
+        """Frames (middle, last) and the sound of a video, stored like client inputs; and the
+        video's frame count. A shot of ours (``kept_by``, its MP4) kept them when its stills were
+        made; anything else is taken by a run on a media worker."""
+        taken = self._kept_reference(kept_by, frames, with_audio) if kept_by is not None else None
+        if taken is None:
+            try:
+                taken = self.references.reference(video, frames, with_audio, submitter)
+            except ValueError as exc:
+                raise InvalidField(f"cannot take frames from the video: {exc}", field) from None
         try:
             images = {
                 name: copy_into_assets(
@@ -501,8 +516,20 @@ class JobService:
                     taken.audio, "audio", self.api.inputs, self.assets_dir, self.store, field=field
                 )
         finally:
-            self.references.release(taken)
+            if taken.folder is not None:
+                self.references.release(taken)
         return images, audio, taken.video_frames
+
+    def _kept_reference(self, video: Path, frames: list[str], with_audio: bool) -> Reference | None:
+        kept = self.media.kept_reference(video)
+        if kept is None or not set(frames) <= set(kept["frames"]):
+            return None  # written by an earlier release, or its stills never ran
+        return Reference(
+            frames={name: self.media.path(kept["frames"][name]) for name in frames},
+            audio=self.media.path(kept["audio"]) if with_audio and kept["audio"] else None,
+            video_frames=int(kept["video_frames"]),
+            folder=None,
+        )
 
     # -- merges ---------------------------------------------------------------------------------
     def accept_merge(self, spec: MergeSpec) -> Accepted:
