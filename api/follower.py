@@ -323,11 +323,10 @@ class Follower:
             self._failed(job, run)
             return
         live = self._live(run, job)
-        stage = self._states[run.run_id].stage
         if _step(run):  # a follow-up (media work after the shot): the job is running throughout
-            stage, status = stage or job.stage, "running"
+            stage, status = job.stage, "running"
         else:
-            stage = stage or stages.QUEUED
+            stage = self._states[run.run_id].stage or stages.QUEUED
             status = api_status(run.status, stage)
         if status != job.status or stage != job.stage or live != (job.live or {}):
             self.store.update_status(job.version_id, status=status, stage=stage, live=live)
@@ -349,19 +348,15 @@ class Follower:
         return state
 
     def _live(self, run: RunInfo, job: JobRecord) -> dict[str, Any]:
-        # A follow-up's stage is known (media work after the shot): its events are not read.
-        state = self._run_state(run) if not _step(run) else self._states.setdefault(run.run_id, RunState())
-        times = state.stage_times
-        if _step(run):  # the stages the job's earlier runs entered first keep their times
-            times = {**times, **(job.live or {}).get("stage_times", {})}
-        times = {s: times[s] for s in stages.ORDER if s in times}
+        if _step(run):
+            # Media work after the shot: its events are not read; the stage times, progress and
+            # device worker of the run that made the shot stay as they were.
+            return {**(job.live or {}), "run_status": run.status}
+        state = self._run_state(run)
+        times = {s: state.stage_times[s] for s in stages.ORDER if s in state.stage_times}
         live: dict[str, Any] = {"run_status": run.status, "stage_times": times}
         if state.progress is not None:
             live["progress"] = state.progress
-        if _step(run):  # media work after the shot: the device worker that made it stays named
-            prior = job.live or {}
-            live.update({k: prior[k] for k in ("worker", "progress", "runs") if k in prior and k not in live})
-            return live
         worker = run.tags.get(WORKER_TAG)
         if worker:
             snap = self.workers.get(worker, {})

@@ -10,7 +10,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from api.core.errors import Unavailable
 from api.dagster_client import DagsterGateway, DagsterGatewayError
@@ -36,13 +36,40 @@ class Reference:
     # own kept reference (it stays with the shot).
     folder: Path | None
 
+    def release(self) -> None:
+        """Drop the taken files once copied (a shot's kept ones stay)."""
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    @classmethod
+    def from_written(cls, media: LocalMediaStore, written: dict[str, Any], folder: Path | None) -> Reference:
+        """From what ``LocalMediaStore.write_reference`` answered (root-relative paths)."""
+        return cls(
+            frames={name: media.path(rel) for name, rel in dict(written["frames"]).items()},
+            audio=media.path(written["audio"]) if written.get("audio") else None,
+            video_frames=int(written["video_frames"]),
+            folder=folder,
+        )
+
+
+def kept_reference(media: LocalMediaStore, video: Path, frames: list[str], audio: bool) -> Reference | None:
+    """What a shot of ours (``video``, its MP4) kept when its stills were made, if it has all of
+    ``frames``: no run needed (None for a shot of an earlier release, or before its stills)."""
+    kept = media.kept_reference(video)
+    if kept is None or not set(frames) <= set(kept["frames"]):
+        return None
+    wanted = {
+        "frames": {name: kept["frames"][name] for name in frames},
+        "audio": kept["audio"] if audio else None,
+        "video_frames": kept["video_frames"],
+    }
+    return Reference.from_written(media, wanted, folder=None)
+
 
 class ReferenceTaker(Protocol):
     """ValueError when the video cannot be read; Unavailable when the media work cannot be done."""
 
     def reference(self, video: Path, frames: list[str], audio: bool, user: str | None) -> Reference: ...
-
-    def release(self, taken: Reference) -> None: ...
 
 
 class MediaWorkerReferences:
@@ -79,17 +106,7 @@ class MediaWorkerReferences:
                 raise ValueError(refused[0])
             raise Unavailable(f"taking the video's frames failed: {run.error_summary() or run.status}")
         [mat] = [m for m in self.gateway.materializations(run_id) if m.asset_key == REFERENCE_ASSET]
-        sound = mat.metadata.get("audio") or None
-        return Reference(
-            frames={name: self.media.path(rel) for name, rel in dict(mat.metadata["frames"]).items()},
-            audio=self.media.path(sound) if sound else None,
-            video_frames=int(mat.metadata["video_frames"]),
-            folder=self.media.reference_dir(run_id),
-        )
-
-    def release(self, taken: Reference) -> None:
-        if taken.folder is not None:
-            shutil.rmtree(taken.folder, ignore_errors=True)
+        return Reference.from_written(self.media, mat.metadata, self.media.reference_dir(run_id))
 
 
 class InProcessReferences:
@@ -102,13 +119,4 @@ class InProcessReferences:
         self.media.root.mkdir(parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="reference-", dir=self.media.root))
         taken = self.media.write_reference(video, folder, frames, audio)
-        return Reference(
-            frames={name: self.media.path(rel) for name, rel in taken["frames"].items()},
-            audio=self.media.path(taken["audio"]) if taken["audio"] else None,
-            video_frames=taken["video_frames"],
-            folder=folder,
-        )
-
-    def release(self, taken: Reference) -> None:
-        if taken.folder is not None:
-            shutil.rmtree(taken.folder, ignore_errors=True)
+        return Reference.from_written(self.media, taken, folder)

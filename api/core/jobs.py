@@ -24,7 +24,7 @@ from api.core.specs import GuideRef, InputRef, MemoryRef, MergeSpec, ShotSpec, S
 from api.core.steps import MERGE_JOB, R2V_JOB, stills_step, stitch_step
 from api.core.timing import stage_durations, stage_medians
 from api.inputs import InputAsset, InputError, Role, copy_into_assets, resolve_resource
-from api.references import InProcessReferences, Reference, ReferenceTaker
+from api.references import InProcessReferences, ReferenceTaker, kept_reference
 from api.store import (
     FINISHED,
     CharacterRecord,
@@ -497,7 +497,7 @@ class JobService:
         """Frames (middle, last) and the sound of a video, stored like client inputs; and the
         video's frame count. A shot of ours (``kept_by``, its MP4) kept them when its stills were
         made; anything else is taken by a run on a media worker."""
-        taken = self._kept_reference(kept_by, frames, with_audio) if kept_by is not None else None
+        taken = kept_reference(self.media, kept_by, frames, with_audio) if kept_by is not None else None
         if taken is None:
             try:
                 taken = self.references.reference(video, frames, with_audio, submitter)
@@ -516,20 +516,8 @@ class JobService:
                     taken.audio, "audio", self.api.inputs, self.assets_dir, self.store, field=field
                 )
         finally:
-            if taken.folder is not None:
-                self.references.release(taken)
+            taken.release()
         return images, audio, taken.video_frames
-
-    def _kept_reference(self, video: Path, frames: list[str], with_audio: bool) -> Reference | None:
-        kept = self.media.kept_reference(video)
-        if kept is None or not set(frames) <= set(kept["frames"]):
-            return None  # written by an earlier release, or its stills never ran
-        return Reference(
-            frames={name: self.media.path(kept["frames"][name]) for name in frames},
-            audio=self.media.path(kept["audio"]) if with_audio and kept["audio"] else None,
-            video_frames=int(kept["video_frames"]),
-            folder=None,
-        )
 
     # -- merges ---------------------------------------------------------------------------------
     def accept_merge(self, spec: MergeSpec) -> Accepted:
