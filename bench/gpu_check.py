@@ -9,9 +9,11 @@
    CUDA device worker, ``POST /r2v`` until ``succeeded``) and prints wall time and peak VRAM of
    both, side by side.
 
-Without CUDA it says so and exits 0. Ends with one ``RESULT`` line.
+Without CUDA it says so and exits 0. Ends with one ``RESULT`` line. ``--cpu`` rehearses the whole
+script on the CPU with the tiny checkpoint and a tiny clip (the CUDA tests skip), so its steps
+and the packing of ``bench/gpu_carry.py`` can be tried before a GPU session spends device time.
 
-    python bench/gpu_check.py [--work DIR] [--skip-tests]
+    python bench/gpu_check.py [--work DIR] [--skip-tests] [--cpu]
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -33,39 +37,58 @@ from _common import REPO, result_line, run_measured  # noqa: E402
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-CLIP = {"width": 480, "height": 832, "num_frames": 33, "fps": 16, "seed": 3}
 PROMPT = "a lighthouse at dusk, waves below"
 
 
-def inference_yaml(path: Path, checkpoint: Path, cache: Path) -> Path:
+@dataclass(frozen=True)
+class Target:
+    """Where the check runs: the GPU (a full-size checkpoint) or the CPU rehearsal (the tiny one)."""
+
+    device: str
+    clip: dict
+    inference: dict  # over configs/inference.wan-tiny.yaml
+    full_size: bool
+
+
+GPU = Target(
+    device="cuda:0",
+    clip={"width": 480, "height": 832, "num_frames": 33, "seed": 3},  # fps: the config's default
+    inference={
+        "dtype": "bfloat16",
+        "tiling": {"enabled": True, "tile_px": 256, "stride_px": 192, "tile_frames": 16, "stride_frames": 8},
+        "memory": {"denoise_gib": 8, "decode_gib": 8},
+    },
+    full_size=True,
+)
+CPU_REHEARSAL = Target(device="cpu", clip={"seed": 3}, inference={}, full_size=False)
+
+
+def inference_yaml(path: Path, target: Target, checkpoint: Path, cache: Path) -> Path:
     data = yaml.safe_load((REPO / "configs" / "inference.wan-tiny.yaml").read_text())
-    data.update(dtype="bfloat16", device="cuda:0", offload=False)
+    data.update(target.inference, device=target.device, offload=False)
+    data["memory"] = {**data["memory"], **target.inference.get("memory", {})}
     data["paths"] = {"checkpoint": str(checkpoint), "cache_dir": str(cache)}
-    data["tiling"] = {
-        "enabled": True,
-        "tile_px": 256,
-        "stride_px": 192,
-        "tile_frames": 16,
-        "stride_frames": 8,
-    }
-    data["memory"] = {**data["memory"], "denoise_gib": 8, "decode_gib": 8}
+    # The tiny config's LoRA adapters are shaped for the tiny DiT; the check needs none.
+    data["adapters"] = []
+    data["tiny"] = {**data["tiny"], "build_if_missing": False}
     path.write_text(yaml.safe_dump(data))
     return path
 
 
-def through_service(root: Path, inference: Path) -> dict:
+def through_service(root: Path, target: Target, inference: Path) -> dict:
     """The same clip through server.py: accept -> succeeded wall time, the peak it recorded."""
     from api_stack import launch, stop_api_stack, wait_ready
     from conftest import free_port
 
     state = root / "state"
+    shutil.rmtree(state, ignore_errors=True)  # a fresh service each try; the checkpoint is kept
     state.mkdir()
     config = root / "server.yaml"
     config.write_text(yaml.safe_dump({
         "state_dir": str(state),
         "webserver": {"host": "127.0.0.1", "port": free_port()},
         "inference": {"config": str(inference)},
-        "workers": {"warm": True, "devices": [{"device": "cuda:0"}]},
+        "workers": {"warm": True, "devices": [{"device": target.device}]},
         "api": {"host": "127.0.0.1", "port": free_port()},
     }))  # fmt: skip
     started = time.perf_counter()
@@ -73,7 +96,7 @@ def through_service(root: Path, inference: Path) -> dict:
     try:
         wait_ready(stack, timeout=480)
         ready_s = time.perf_counter() - started
-        body = {"work_id": "gpu", "shot_id": "s0", "prompt": PROMPT, "memory_slots": [], **CLIP}
+        body = {"work_id": "gpu", "shot_id": "s0", "prompt": PROMPT, "memory_slots": [], **target.clip}
         start = time.perf_counter()
         resp = stack.post("/r2v", body)
         assert resp.status_code == 202, resp.text
@@ -90,28 +113,35 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", type=Path, help="where the checkpoint and states go (default: a temp dir)")
     p.add_argument("--skip-tests", action="store_true", help="only the inference.py / service comparison")
+    p.add_argument("--cpu", action="store_true", help="rehearse on the CPU with the tiny checkpoint")
     args = p.parse_args()
     import torch
 
-    if not torch.cuda.is_available():
+    target = CPU_REHEARSAL if args.cpu else GPU
+    if not args.cpu and not torch.cuda.is_available():
         print("no CUDA device here: nothing to check (run this on a machine with an NVIDIA GPU)")
         print(result_line({"cuda": "false"}))
         return 0
     root = args.work or Path(tempfile.mkdtemp(prefix="shotloom-gpu-"))
     root.mkdir(parents=True, exist_ok=True)
-    name = torch.cuda.get_device_name(0)
+    name = torch.cuda.get_device_name(0) if target.full_size else "cpu rehearsal"
     print(f"{name}, torch {torch.__version__}, work under {root}", flush=True)
 
     from shotloom.families.wan import WanAdapter
 
-    checkpoint = root / "wan2.1-vace-1.3b-random"
+    checkpoint = root / ("wan2.1-vace-1.3b-random" if target.full_size else "wan-tiny")
     start = time.perf_counter()
     if not (checkpoint / "model_index.json").is_file():
-        WanAdapter.build_full_size_checkpoint(checkpoint, seed=0)
+        if target.full_size:
+            WanAdapter.build_full_size_checkpoint(checkpoint, seed=0)
+        else:
+            WanAdapter.build_tiny_checkpoint(checkpoint, seed=0)
     build_s = time.perf_counter() - start
     print(f"checkpoint built in {build_s:.0f} s at {checkpoint}", flush=True)
 
-    env = {**os.environ, "SHOTLOOM_GPU_CHECKPOINT": str(checkpoint), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if target.full_size:
+        env["SHOTLOOM_GPU_CHECKPOINT"] = str(checkpoint)
     tests_ok = True
     if not args.skip_tests:
         tests = subprocess.run(
@@ -119,25 +149,25 @@ def main() -> int:
         )
         tests_ok = tests.returncode == 0
 
-    inference = inference_yaml(root / "inference.yaml", checkpoint, root / "cache-cli")
+    inference = inference_yaml(root / "inference.yaml", target, checkpoint, root / "cache-cli")
     cmd = [sys.executable, "inference.py", "--config", str(inference), "--prompt", PROMPT]
     cmd += ["--output", str(root / "cli.mp4")]
-    cmd += [f"--{k.replace('_', '-')}={v}" for k, v in CLIP.items()]
+    cmd += [f"--{k.replace('_', '-')}={v}" for k, v in target.clip.items()]
     cli_wall, _, out = run_measured(cmd)
     cli = json.loads(out.strip().splitlines()[-1])
     service = through_service(
-        root, inference_yaml(root / "inference-svc.yaml", checkpoint, root / "cache-svc")
+        root, target, inference_yaml(root / "inference-svc.yaml", target, checkpoint, root / "cache-svc")
     )
 
     print()
-    print(f"{'one clip ' + str(CLIP):<60}")
-    print(f"{'':<22}{'wall s':>10}{'peak VRAM MiB':>16}")
+    print(f"{'one clip ' + str(target.clip):<60}")
+    print(f"{'':<22}{'wall s':>10}{'peak MiB':>16}")
     print(f"{'inference.py':<22}{cli_wall:>10.1f}{cli['peak_memory_mb']:>16.0f}")
     peak = service["peak_mb"] or float("nan")
     print(f"{'service (accept->done)':<22}{service['wall_s']:>10.1f}{peak:>16.0f}")
     print(f"service ready (GET /health 200) {service['ready_s']:.0f} s after start; CUDA tests: {tests_ok}")
     print(result_line({
-        "cuda": "true",
+        "cuda": str(target.full_size).lower(),
         "gpu": name.replace(" ", "_"),
         "build_s": round(build_s, 1),
         "cuda_tests_passed": str(tests_ok).lower(),
