@@ -30,6 +30,7 @@ from api.openai.router import openai_router, openai_submitter
 from api.openai.serving import VideoServing
 from api.openapi import install as install_openapi
 from api.operator import operator_router
+from api.polls import PollFastPath, PollRoutes
 from api.r2v.protocol import validation_error_body
 from api.r2v.router import r2v_router
 from api.r2v.serving import ApiError
@@ -80,9 +81,11 @@ def create_app(ctx: ApiContext) -> FastAPI:
     async def _openai_error(_request: Request, exc: OpenAIError) -> JSONResponse:
         return openai_error_response(exc)
 
-    app.include_router(r2v_router(ctx))
+    polls = PollRoutes()
+    app.include_router(r2v_router(ctx, polls))
     videos = VideoServing(ctx)
-    app.include_router(openai_router(ctx, videos))
+    app.include_router(openai_router(ctx, videos, polls))
+    app.add_middleware(PollFastPath, polls=polls, keys=ctx.keys)
     app.include_router(health_router(ctx))
     app.include_router(operator_router(ctx))
     app.include_router(worker_calls_router(ctx))

@@ -734,6 +734,18 @@ def test_api_keys_guard_every_route_but_health(stack):
         resp = bare.post(stack.base + "/r2v", json={})
         assert resp.status_code == 401 and "detail" in resp.json()  # the R2V dialect's own shape
         assert bare.get(stack.base + "/version/x").status_code == 401
+        # A job's status, the pollers' fast path (api.polls), is no exception: not without a key,
+        # not with a wrong one; and an unknown id is still each dialect's own 404.
+        video = stack.client.post(stack.base + "/v1/videos", json={"prompt": "x", "size": "64x64"}).json()
+        wrong = {"Authorization": "Bearer sk-wrong-000000000"}
+        for path in (f"/version/{video['shotloom']['version_id']}", f"/v1/videos/{video['id']}"):
+            assert bare.get(stack.base + path).status_code == 401
+            assert bare.get(stack.base + path, headers=wrong).status_code == 401
+            assert stack.get(path).status_code == 200
+        resp = stack.get("/v1/videos/video_" + "0" * 32)
+        assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found"
+        resp = stack.get("/version/" + "0" * 32)
+        assert resp.status_code == 404 and "unknown version" in resp.json()["detail"]
         assert bare.get(stack.base + "/media/anything.mp4").status_code == 401
         for method, path in (("GET", "/queue"), ("POST", "/queue/pause"), ("POST", "/queue/works/w/cancel")):
             assert bare.request(method, stack.base + path).status_code == 401  # operator routes too

@@ -35,6 +35,7 @@ from api.openai.protocol import (
 )
 from api.openai.serving import VideoServing, not_found, openai_errors, sync_headers
 from api.openai.uploads import guarded_body
+from api.polls import PollRoutes
 from api.store import JobRecord, UnknownVersion
 from shotloom.media import file_sha256
 
@@ -143,7 +144,7 @@ def openai_submitter(keys: KeyRing) -> Callable[..., str]:
     )
 
 
-def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
+def openai_router(ctx: ApiContext, serving: VideoServing, polls: PollRoutes) -> APIRouter:
     submitter = openai_submitter(ctx.keys)
     pictures = ImageServing(ctx, serving)
     router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(submitter)])
@@ -402,21 +403,30 @@ def openai_router(ctx: ApiContext, serving: VideoServing) -> APIRouter:
             has_more=more,
         )
 
-    # Pollers hit this hard: served on the event loop (no threadpool hop) from cached answers.
+    # Pollers hit this hard: cached answers, served on the event loop (no threadpool hop) and,
+    # with the caller's key checked, ahead of FastAPI's routing (api.polls).
     views = serving.views(VIEW_CACHE_SIZE)
 
-    @router.get("/videos/{video_id}", response_model=Video, responses=_ERRORS)
-    async def get_video(video_id: str) -> Response:
+    def video_answer(video_id: str) -> Response | None:
         version = version_of(video_id)
         got = views.get(version) if version else None
         if got is None:
-            raise not_found(video_id)
+            return None
         return Response(
             got.body,
             status_code=got.status,
             media_type="application/json",
             headers={POLL_HEADER: str(serving.poll_after_ms(got.video))},
         )
+
+    polls.add(f"{router.prefix}/videos/", video_answer)
+
+    @router.get("/videos/{video_id}", response_model=Video, responses=_ERRORS)
+    async def get_video(video_id: str) -> Response:
+        answer = video_answer(video_id)
+        if answer is None:
+            raise not_found(video_id)
+        return answer
 
     @router.get("/videos/{video_id}/events", responses={**_ERRORS, **SSE_RESPONSES})
     async def video_events(video_id: str, request: Request) -> Response:

@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from api.context import ApiContext
 from api.core.events import SSE_RESPONSES, job_events
 from api.deps import submitter_dependency
+from api.polls import PollRoutes
 from api.r2v.protocol import (
     CALLBACK_HEADER,
     AcceptedResponse,
@@ -35,7 +36,7 @@ _WRITE_ERRORS = {
 _REPLAY = {200: {"description": "Replay of an earlier job_id: the original task."}}
 
 
-def r2v_router(ctx: ApiContext) -> APIRouter:
+def r2v_router(ctx: ApiContext, polls: PollRoutes) -> APIRouter:
     submitter = submitter_dependency(ctx.keys, lambda message: ApiError(401, message))
     router = APIRouter(tags=["r2v"], dependencies=[Depends(submitter)])
     serving = R2VServing(ctx.jobs)
@@ -76,15 +77,22 @@ def r2v_router(ctx: ApiContext) -> APIRouter:
         result = serving.accept_merge(req, callback_header, who)
         return accepted(result.job, result.created)
 
-    # Pollers hit this hard: served on the event loop (no threadpool hop) from cached bodies.
+    # Pollers hit this hard: cached bodies, served on the event loop (no threadpool hop) and,
+    # with the caller's key checked, ahead of FastAPI's routing (api.polls).
     views = version_views(ctx.store, base, VERSION_CACHE_SIZE)
+
+    def version_answer(version_id: str) -> Response | None:
+        body = views.get(version_id)
+        return Response(body, media_type="application/json") if body is not None else None
+
+    polls.add("/version/", version_answer)
 
     @router.get("/version/{version_id}", response_model=VersionResponse, responses=_ERRORS)
     async def get_version(version_id: str) -> Response:
-        body = views.get(version_id)
-        if body is None:
+        answer = version_answer(version_id)
+        if answer is None:
             raise ApiError(404, f"unknown version {version_id!r}")
-        return Response(body, media_type="application/json")
+        return answer
 
     @router.get("/version/{version_id}/events", responses={**_ERRORS, **SSE_RESPONSES})
     async def version_events(version_id: str, request: Request) -> Response:
