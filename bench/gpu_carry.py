@@ -44,24 +44,23 @@ def wanted(python: str) -> list[str]:
     test_pins = [r for r in project["optional-dependencies"]["test"] if Requirement(r).name in TEST_NEEDS]
     env = {**default_environment(), "python_version": python, "python_full_version": f"{python}.0"}
     seen: dict[str, str] = {}
-    todo = [Requirement(r) for r in project["dependencies"] + test_pins]
+    todo = [Requirement(r) for r in project["dependencies"] + test_pins]  # no markers at the top
     while todo:
         req = todo.pop()
         name = canonicalize_name(req.name)
-        if name in seen or (req.marker and not req.marker.evaluate({**env, "extra": ""})):
+        if name in seen:
             continue
         dist = md.distribution(req.name)
         seen[name] = dist.version
+        envs = [{**env, "extra": extra} for extra in ("", *req.extras)]
         for dep in map(Requirement, dist.requires or []):
-            extra_env = [{**env, "extra": e} for e in req.extras] or [{**env, "extra": ""}]
-            if dep.marker is None or any(dep.marker.evaluate(e) for e in extra_env):
-                dep.marker = None
+            if dep.marker is None or any(dep.marker.evaluate(e) for e in envs):
                 todo.append(dep)
     return [f"{n}=={v}" for n, v in sorted(seen.items())]
 
 
 def matches(name: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatch(name, canonicalize_name(p).replace("-*", "*")) for p in patterns)
+    return any(fnmatch.fnmatch(name, canonicalize_name(p)) for p in patterns)
 
 
 def is_pure(wheel: Path) -> bool:
