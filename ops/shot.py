@@ -62,6 +62,9 @@ class ShotConfig(Config):
     num_frames: int | None = None
     fps: int | None = None
     guidance_scale: float | None = None
+    num_inference_steps: int | None = Field(
+        default=None, description="Denoising steps; default: the sampler's (dmd: only its own)."
+    )
     first_frame: str | None = None
     last_frame: str | None = None
     memory: list[MemorySlotConfig] = Field(default_factory=list)
@@ -162,6 +165,7 @@ def condition_op(
         fps=config.fps,
         seed=config.seed,
         guidance_scale=config.guidance_scale,
+        num_inference_steps=config.num_inference_steps,
         negative_prompt=config.negative_prompt,
         first_frame=path(config.first_frame),
         last_frame=path(config.last_frame),
@@ -238,6 +242,7 @@ def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource
     summary = media_summary(rt.write(frames, req, output))
     timings = _timed(decoded.meta, "write", start)
     peak_mb, peak_kind = rt.peak_memory_mb()
+    sampling = decoded.meta.get("sampling", {})
     artifact = ShotArtifact(
         work_id=work_id,
         shot_id=shot_id,
@@ -259,6 +264,10 @@ def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource
             **{k: v for k, v in artifact.__dict__.items() if k != "timings"},
             "size": f"{artifact.width}x{artifact.height}",
             "cache_hit": bool(decoded.meta.get("cache_hit")),
+            # How it was sampled: the sampler's mode, the steps and guidance it ran.
+            "sampler": MetadataValue.json(sampling),
+            "num_inference_steps": int(sampling.get("steps") or 0),
+            "guidance_scale": float(sampling.get("guidance_scale", req.guidance_scale)),
             "stage_timings": timings,
             "peak_memory_mb": round(peak_mb, 1),
             "version_id": context.run.tags.get(VERSION_TAG, ""),  # the service version it is

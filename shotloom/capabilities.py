@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shotloom.config import Sampler
 from shotloom.request import GenerationRequest
 
 
@@ -156,3 +157,18 @@ class Capabilities:
                 f"at most {most} audio track(s) condition this model (memory audio and guide sounds "
                 f"together), got {len(sources)}",
             )
+
+
+def check_sampling(sampler: Sampler, req: GenerationRequest, max_steps: int | None = None) -> None:
+    """The request's step count against the sampler that will run it: a dmd sampler takes its own
+    count only; a native one any from 1 to ``max_steps``."""
+    steps = req.num_inference_steps
+    if steps is None:
+        return
+    if sampler.fixed_steps is not None and steps != sampler.fixed_steps:
+        raise CapabilityError(
+            "num_inference_steps",
+            f"this model samples with its distilled schedule of {sampler.fixed_steps} steps, got {steps}",
+        )
+    if steps < 1 or (max_steps is not None and steps > max_steps):
+        raise CapabilityError("num_inference_steps", f"must be within [1, {max_steps}], got {steps}")

@@ -38,30 +38,44 @@ class Paths(_Strict):
     )
 
 
-class Adapter(_Strict):
-    """A LoRA adapter loaded once beside the base weights; requests select it by ``name``."""
-
-    name: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", description="Nickname requests select it by."
-    )
-    path: Path = Field(description="Diffusers LoRA weights: a folder or a .safetensors file.")
-    scale: float = Field(default=1.0, ge=0, le=4, description="Default strength of the adapter.")
-
-
-class TinyCheckpoint(_Strict):
-    """Build a tiny random checkpoint at ``paths.checkpoint`` (and tiny random LoRAs at the
-    adapters' paths) when missing."""
-
-    build_if_missing: bool = False
-    seed: int = 0
+SamplerMode = Literal["native", "dmd"]
+NATIVE_DEFAULT_STEPS = 40  # between Wan's 50 and LTX-2's 30-40: a YAML for a real checkpoint says its own
 
 
 class Sampler(_Strict):
-    """Few-step DMD: predict x0, re-noise to the next sigma."""
+    """How the DiT is sampled.
 
-    sigmas: list[float] = Field(default=[1.0, 0.75, 0.5, 0.25])
-    shift: float = Field(default=1.0, gt=0)
-    guidance_scale: float = 1.0
+    ``native``: the checkpoint's own scheduler (its ``scheduler/`` folder: UniPC with ``flow_shift``
+    for Wan, flow-match Euler for LTX-2), ``steps`` steps and classifier-free guidance, as the
+    checkpoint's authors sample it; requests may choose their own steps and guidance.
+    ``dmd``: few-step distilled sampling (predict x0, re-noise to the next of ``sigmas``); the step
+    count is the length of ``sigmas`` and a request cannot change it.
+    """
+
+    mode: SamplerMode = Field(default="dmd", description="native (the checkpoint's scheduler) | dmd.")
+    # dmd
+    sigmas: list[float] = Field(default=[1.0, 0.75, 0.5, 0.25], description="dmd: the sigma schedule.")
+    shift: float = Field(default=1.0, gt=0, description="dmd: the flow-match shift applied to sigmas.")
+    # native
+    steps: int | None = Field(
+        default=None, ge=1, description="native: default step count (40); dmd: len(sigmas)."
+    )
+    flow_shift: float | None = Field(
+        default=None,
+        gt=0,
+        description="native: replaces the checkpoint scheduler's shift (UniPC's flow_shift, "
+        "flow-match Euler's shift); None keeps the checkpoint's.",
+    )
+    guidance_scale: float = Field(
+        default=1.0, description=">1: classifier-free guidance (two DiT calls a step)."
+    )
+    guidance_scale_2: float | None = Field(
+        default=None,
+        description="Wan 2.2 two experts: the low-noise expert's guidance (None: guidance_scale).",
+    )
+    audio_guidance_scale: float | None = Field(
+        default=None, description="LTX-2: the audio stream's guidance (None: the pipeline's default)."
+    )
 
     @field_validator("sigmas")
     @classmethod
@@ -70,9 +84,49 @@ class Sampler(_Strict):
             raise ValueError("sigmas must be a non-empty, strictly descending list in (0, 1]")
         return v
 
+    @model_validator(mode="after")
+    def _steps(self) -> Sampler:
+        if self.mode == "dmd":
+            if self.steps is not None and self.steps != len(self.sigmas):
+                raise ValueError(
+                    f"steps: a dmd sampler takes len(sigmas)={len(self.sigmas)} steps, got {self.steps}"
+                )
+            self.steps = len(self.sigmas)
+        elif self.steps is None:
+            self.steps = NATIVE_DEFAULT_STEPS
+        return self
+
     @property
-    def steps(self) -> int:
-        return len(self.sigmas)
+    def fixed_steps(self) -> int | None:
+        """The only step count this sampler takes (dmd), or None (native: any, within limits)."""
+        return self.steps if self.mode == "dmd" else None
+
+    def describe(self) -> dict:
+        """What a client may read about it (model listings, job records)."""
+        return {"mode": self.mode, "steps": self.steps, "guidance_scale": self.guidance_scale}
+
+
+class Adapter(_Strict):
+    """A LoRA adapter loaded once beside the base weights; requests select it by ``name``."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", description="Nickname requests select it by."
+    )
+    path: Path = Field(description="Diffusers LoRA weights: a folder or a .safetensors file.")
+    scale: float = Field(default=1.0, ge=0, le=4, description="Default strength of the adapter.")
+    sampler: Sampler | None = Field(
+        default=None,
+        description="How requests with this adapter are sampled (a distill LoRA: dmd with its sigmas); "
+        "None: the model's sampler.",
+    )
+
+
+class TinyCheckpoint(_Strict):
+    """Build a tiny random checkpoint at ``paths.checkpoint`` (and tiny random LoRAs at the
+    adapters' paths) when missing."""
+
+    build_if_missing: bool = False
+    seed: int = 0
 
 
 class Defaults(_Strict):
@@ -167,6 +221,13 @@ class InferenceConfig(_Strict):
     )
 
     source: Path | None = Field(default=None, exclude=True)
+
+    def sampler_for(self, adapter: str | None) -> Sampler:
+        """The sampler a request with ``adapter`` (or none) is sampled with."""
+        for a in self.adapters:
+            if a.name == adapter and a.sampler is not None:
+                return a.sampler
+        return self.sampler
 
     @field_validator("adapters")
     @classmethod

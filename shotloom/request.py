@@ -48,6 +48,8 @@ class GenerationRequest:
     seed: int
     guidance_scale: float = 1.0
     negative_prompt: str = ""
+    # Denoising steps; None (a record of an earlier release): the sampler's default.
+    num_inference_steps: int | None = None
     first_frame: Path | None = None
     last_frame: Path | None = None
     memory: tuple[MemorySlot, ...] = field(default_factory=tuple)

@@ -225,6 +225,7 @@ class ModelRuntime:
         fps: int | None = None,
         seed: int | None = None,
         guidance_scale: float | None = None,
+        num_inference_steps: int | None = None,
         negative_prompt: str | None = None,
         first_frame: Path | None = None,
         last_frame: Path | None = None,
@@ -237,6 +238,7 @@ class ModelRuntime:
     ) -> GenerationRequest:
         """Fill unset fields from the inference YAML's defaults (never rounds what was asked)."""
         d = self.cfg.defaults
+        sampler = self.cfg.sampler_for(lora)
         return GenerationRequest(
             prompt=prompt,
             width=width or d.width,
@@ -244,7 +246,8 @@ class ModelRuntime:
             num_frames=num_frames or d.num_frames,
             fps=fps or d.fps,
             seed=seed if seed is not None else random.randrange(2**32),
-            guidance_scale=guidance_scale if guidance_scale is not None else self.cfg.sampler.guidance_scale,
+            guidance_scale=guidance_scale if guidance_scale is not None else sampler.guidance_scale,
+            num_inference_steps=num_inference_steps or sampler.steps,
             negative_prompt=negative_prompt if negative_prompt is not None else d.negative_prompt,
             first_frame=first_frame,
             last_frame=last_frame,

@@ -1,4 +1,8 @@
-"""Few-step DMD sampling on diffusers' flow-match scheduler.
+"""Schedulers: the checkpoint's own (``native``) and few-step DMD on diffusers' flow-match scheduler.
+
+Native sampling keeps the scheduler class and config the checkpoint ships (``scheduler/``), with
+the YAML's ``flow_shift`` where it overrides the checkpoint's; the pipeline's own ``__call__`` runs
+it, so steps, CFG and the family's guidance knobs mean what they mean upstream.
 
 DMD = predict x0, then re-noise to the next sigma. ``FlowMatchEulerDiscreteScheduler``
 with ``stochastic_sampling=True`` does exactly that. Some pipelines (Wan) call
@@ -8,6 +12,7 @@ here pins the YAML's sigma list and ignores what the pipeline asks.
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +50,60 @@ def make_dmd_scheduler(base_config, sigmas: list[float], shift: float) -> DMDSch
     )
     sched.pinned_sigmas = list(sigmas)
     return sched
+
+
+def native_scheduler(base, flow_shift: float | None):
+    """A fresh copy of the checkpoint's scheduler ``base`` (same class and config); ``flow_shift``
+    replaces its shift: UniPC's ``flow_shift``, flow-match Euler's ``shift``."""
+    overrides = {}
+    if flow_shift is not None:
+        key = "flow_shift" if "flow_shift" in base.config else "shift"
+        if key not in base.config:
+            raise ValueError(f"sampler.flow_shift: {type(base).__name__} has no shift to override")
+        overrides[key] = flow_shift
+    return type(base).from_config(base.config, **overrides)
+
+
+def first_sigma(scheduler, steps: int, start: int = 0, **set_timesteps_kwargs) -> float:
+    """The sigma step ``start`` of ``steps`` denoises from (a DMD scheduler: of its pinned list)."""
+    probe = copy.deepcopy(scheduler)
+    probe.set_timesteps(steps, **set_timesteps_kwargs)
+    return float(probe.sigmas[start])
+
+
+def tail_start(scheduler, steps: int, strength: float | None, **set_timesteps_kwargs) -> int:
+    """Video-to-video on a native scheduler: the index of the first of its ``steps`` sigmas at or
+    below ``strength`` (the last step at least); 0 without a strength."""
+    if strength is None:
+        return 0
+    probe = copy.deepcopy(scheduler)
+    probe.set_timesteps(steps, **set_timesteps_kwargs)
+    sigmas = [float(s) for s in probe.sigmas[: len(probe.timesteps)]]
+    return next((i for i, s in enumerate(sigmas) if s <= strength + 1e-9), len(sigmas) - 1)
+
+
+@contextmanager
+def from_step(scheduler, start: int) -> Iterator[None]:
+    """While open, the scheduler's ``set_timesteps`` keeps its schedule from step ``start`` on (its
+    timesteps and sigmas cut alike, so a multistep solver starts afresh at that sigma): a
+    video-to-video run of the pipeline's own loop, from the re-noised source."""
+    if start == 0:
+        yield
+        return
+    original = scheduler.set_timesteps
+
+    def set_timesteps(*args, **kwargs):
+        out = original(*args, **kwargs)
+        scheduler.timesteps = scheduler.timesteps[start:]
+        scheduler.sigmas = scheduler.sigmas[start:]
+        scheduler.num_inference_steps = len(scheduler.timesteps)
+        return out
+
+    scheduler.set_timesteps = set_timesteps  # on this instance only
+    try:
+        yield
+    finally:
+        del scheduler.set_timesteps
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from shotloom.bundle import TensorBundle
-from shotloom.capabilities import Capabilities
+from shotloom.capabilities import Capabilities, check_sampling
 from shotloom.config import InferenceConfig
 from shotloom.request import GenerationRequest
 
@@ -117,6 +117,45 @@ class FamilyAdapter(ABC):
     def check(self, req: GenerationRequest) -> None:
         """Raise CapabilityError before any work. Families may add rules."""
         self.capabilities.check(req)
+        check_sampling(self.cfg.sampler_for(req.lora), req)
+
+    # -- sampling ---------------------------------------------------------------------------------
+    def keep_checkpoint_scheduler(self, scheduler, name: str = "scheduler") -> None:
+        """Remember the scheduler the checkpoint ships (its class and config): native samplers are
+        fresh copies of it, DMD ones are built from its config."""
+        self._checkpoint_schedulers = {**getattr(self, "_checkpoint_schedulers", {}), name: scheduler}
+        self._schedulers: dict[tuple[str, str], object] = {}
+
+    def scheduler_for(self, sampler, name: str = "scheduler"):
+        """The scheduler ``sampler`` runs on (one per sampler, kept: adapters switch without reloads)."""
+        from shotloom.sampler import make_dmd_scheduler, native_scheduler
+
+        key = (name, sampler.model_dump_json())
+        if key not in self._schedulers:
+            base = self._checkpoint_schedulers[name]
+            self._schedulers[key] = (
+                native_scheduler(base, sampler.flow_shift)
+                if sampler.mode == "native"
+                else make_dmd_scheduler(base.config, sampler.sigmas, sampler.shift)
+            )
+        return self._schedulers[key]
+
+    def sampling_record(self, sampler, req: GenerationRequest, sigmas: list[float], **extra) -> dict:
+        """How a generation was sampled, for its latents' meta, the job and the materialization."""
+        return {
+            "mode": sampler.mode,
+            "scheduler": type(self.pipe.scheduler).__name__,
+            "steps": len(sigmas),
+            "guidance_scale": req.guidance_scale,
+            "dit_calls_per_step": 2 if req.guidance_scale > 1.0 else 1,
+            "sigmas": [round(s, 6) for s in sigmas],
+            **{k: v for k, v in extra.items() if v is not None},
+        }
+
+    def sampling(self, req: GenerationRequest):
+        """The sampler that runs ``req`` (its adapter's, or the model's) and its step count."""
+        sampler = self.cfg.sampler_for(req.lora)
+        return sampler, req.num_inference_steps or sampler.steps
 
     def adapter_names(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.cfg.adapters)

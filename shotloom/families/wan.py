@@ -29,7 +29,7 @@ from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress, fit_im
 from shotloom.families.weights import build_checkpoint, ensure_checkpoint, place_pipeline
 from shotloom.guides import guide_field, guide_frames
 from shotloom.request import GenerationRequest
-from shotloom.sampler import make_dmd_scheduler, pinned, seed_everything, strength_schedule
+from shotloom.sampler import first_sigma, from_step, pinned, seed_everything, strength_schedule, tail_start
 
 VACE, I2V, T2V = "WanVACEPipeline", "WanImageToVideoPipeline", "WanPipeline"
 SUPPORTED_PIPELINES = (VACE, I2V, T2V)
@@ -50,7 +50,7 @@ _TINY_WORDS = (
 # -- tiny checkpoint -----------------------------------------------------------------------------
 def _full_size_components(text_layers: int) -> dict[str, Any]:
     """Wan 2.1 VACE 1.3B's published component configs (text encoder shortened: see the builder)."""
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanVACETransformer3DModel
+    from diffusers import AutoencoderKLWan, WanVACETransformer3DModel
 
     tokenizer, text_encoder = _text_encoder(
         d_model=4096, d_kv=64, d_ff=10240, num_layers=text_layers, num_heads=64
@@ -78,7 +78,7 @@ def _full_size_components(text_layers: int) -> dict[str, Any]:
         "text_encoder": text_encoder,
         "vae": vae,
         "transformer": transformer,
-        "scheduler": FlowMatchEulerDiscreteScheduler(shift=1.0),
+        "scheduler": _checkpoint_scheduler(flow_shift=3.0),
     }
 
 
@@ -105,25 +105,77 @@ def _tiny_vocab() -> list[tuple[str, float]]:
     return specials + [("\u2581", -2.0)] + chars + words
 
 
-def _tiny_components(pipeline: str) -> dict[str, Any]:
-    from diffusers import (
-        AutoencoderKLWan,
-        FlowMatchEulerDiscreteScheduler,
-        WanTransformer3DModel,
-        WanVACETransformer3DModel,
+# The shapes of the published Wan folders a tiny checkpoint can stand for: pipeline class, DiT
+# input channels, experts, VAE, and the scheduler the real folder ships (flow_shift and the
+# sampling defaults of the official configs: Wan 2.1 480p 3.0; 2.2 T2V-A14B 12.0, I2V-A14B 5.0,
+# TI2V-5B 5.0).
+TINY_SHAPES: dict[str, dict[str, Any]] = {
+    "vace": {"pipeline": VACE, "flow_shift": 3.0},
+    "t2v": {"pipeline": T2V, "flow_shift": 3.0},
+    "i2v": {"pipeline": I2V, "flow_shift": 3.0},  # 2.2-style I2V (no CLIP image encoder)
+    "t2v-a14b": {"pipeline": T2V, "flow_shift": 12.0, "boundary_ratio": 0.875},
+    "i2v-a14b": {"pipeline": I2V, "flow_shift": 5.0, "boundary_ratio": 0.9},
+    "ti2v-5b": {"pipeline": T2V, "flow_shift": 5.0, "expand_timesteps": True, "z_dim": 48},
+}
+SHAPE_OF_PIPELINE = {VACE: "vace", T2V: "t2v", I2V: "i2v"}
+
+
+def _checkpoint_scheduler(flow_shift: float):
+    """The scheduler a published Wan folder ships: UniPC on flow sigmas (flow prediction)."""
+    from diffusers import UniPCMultistepScheduler
+
+    return UniPCMultistepScheduler(
+        prediction_type="flow_prediction",
+        use_flow_sigmas=True,
+        num_train_timesteps=1000,
+        flow_shift=flow_shift,
     )
 
+
+def _tiny_vae(z_dim: int):
+    from diffusers import AutoencoderKLWan
+
+    if z_dim == 16:
+        return AutoencoderKLWan(
+            base_dim=3,
+            z_dim=16,
+            dim_mult=[1, 1, 1, 1],
+            num_res_blocks=1,
+            temperal_downsample=[False, True, True],
+        )
+    # Wan 2.2's residual VAE: 48 latent channels, pixels folded 2x2 first (12 input channels), 16x in space.
+    return AutoencoderKLWan(
+        base_dim=4,
+        decoder_base_dim=4,
+        z_dim=z_dim,
+        dim_mult=[1, 1, 1, 1],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+        is_residual=True,
+        in_channels=12,
+        out_channels=12,
+        patch_size=2,
+        scale_factor_spatial=16,
+        latents_mean=[0.0] * z_dim,
+        latents_std=[1.0] * z_dim,
+    )
+
+
+def _tiny_components(shape: str) -> dict[str, Any]:
+    from diffusers import WanTransformer3DModel, WanVACETransformer3DModel
+
+    if shape not in TINY_SHAPES:
+        raise ValueError(f"shape: unknown tiny Wan shape {shape!r}; known: {list(TINY_SHAPES)}")
+    spec = TINY_SHAPES[shape]
+    pipeline, z_dim = spec["pipeline"], spec.get("z_dim", 16)
     tokenizer, text_encoder = _text_encoder(
         d_model=_TINY_TEXT_DIM, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8
-    )
-    vae = AutoencoderKLWan(
-        base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
     )
     dit: dict[str, Any] = dict(
         patch_size=(1, 2, 2),
         num_attention_heads=2,
         attention_head_dim=12,
-        out_channels=16,
+        out_channels=z_dim,
         text_dim=_TINY_TEXT_DIM,
         freq_dim=32,
         ffn_dim=32,
@@ -132,27 +184,27 @@ def _tiny_components(pipeline: str) -> dict[str, Any]:
         qk_norm="rms_norm_across_heads",
         rope_max_seq_len=32,
     )
-    common = dict(
+    common: dict[str, Any] = dict(
         tokenizer=tokenizer,
         text_encoder=text_encoder,
-        vae=vae,
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0),
+        vae=_tiny_vae(z_dim),
+        scheduler=_checkpoint_scheduler(spec["flow_shift"]),
     )
     if pipeline == VACE:
         # vace_in_channels = 2 x z_dim (inactive + reactive video) + 8x8 (spatially folded mask)
         transformer = WanVACETransformer3DModel(in_channels=16, vace_layers=[0], vace_in_channels=96, **dit)
         return {**common, "transformer": transformer}
+    # I2V (2.2-style, no CLIP): noise + frame mask (4) + image latents; T2V: the noise alone.
+    in_channels = 2 * z_dim + 4 if pipeline == I2V else z_dim
+    experts = {"transformer": WanTransformer3DModel(in_channels=in_channels, **dit)}
+    if "boundary_ratio" in spec:  # Wan 2.2 A14B: a high-noise and a low-noise expert
+        experts["transformer_2"] = WanTransformer3DModel(in_channels=in_channels, **dit)
+        common["boundary_ratio"] = spec["boundary_ratio"]
+    if spec.get("expand_timesteps"):
+        common["expand_timesteps"] = True
     if pipeline == I2V:
-        # Wan 2.2-style I2V (no CLIP): noise (16) + frame mask (4) + image latents (16)
-        return {
-            **common,
-            "transformer": WanTransformer3DModel(in_channels=36, **dit),
-            "image_encoder": None,
-            "image_processor": None,
-        }
-    if pipeline == T2V:
-        return {**common, "transformer": WanTransformer3DModel(in_channels=16, **dit)}
-    raise ValueError(f"pipeline: unsupported Wan pipeline {pipeline!r}; known: {list(SUPPORTED_PIPELINES)}")
+        common.update(image_encoder=None, image_processor=None)
+    return {**common, **experts}
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -212,12 +264,18 @@ class WanAdapter(FamilyAdapter):
 
     # -- checkpoint -----------------------------------------------------------------------------
     @classmethod
-    def build_tiny_checkpoint(cls, out_dir: Path, seed: int = 0, *, pipeline: str = VACE) -> Path:
-        """A tiny random ``pipeline`` checkpoint (~0.5 MB); same seed -> identical files."""
+    def build_tiny_checkpoint(
+        cls, out_dir: Path, seed: int = 0, *, pipeline: str = VACE, shape: str | None = None
+    ) -> Path:
+        """A tiny random checkpoint (~0.5 MB) of a published Wan folder's shape (``TINY_SHAPES``;
+        by default the one of ``pipeline``), its scheduler as that folder ships it; same seed ->
+        identical files."""
         import diffusers
 
+        shape = shape or SHAPE_OF_PIPELINE[pipeline]
+        cls_name = TINY_SHAPES[shape]["pipeline"]
         return build_checkpoint(
-            out_dir, seed, lambda: getattr(diffusers, pipeline)(**_tiny_components(pipeline))
+            out_dir, seed, lambda: getattr(diffusers, cls_name)(**_tiny_components(shape))
         )
 
     @classmethod
@@ -245,10 +303,11 @@ class WanAdapter(FamilyAdapter):
         dtypes = {"default": dtype, **{k: DTYPES[v] for k, v in cls.pinned_dtypes.items()}}
         pipe = DiffusionPipeline.from_pretrained(str(ckpt), local_files_only=True, dtype=dtypes)
         _pipeline_kind(pipe)
-        pipe.scheduler = make_dmd_scheduler(pipe.scheduler.config, cfg.sampler.sigmas, cfg.sampler.shift)
         pipe.set_progress_bar_config(disable=True)
         place_pipeline(pipe, device, cfg.offload)
         adapter = cls(cfg, pipe, device)
+        adapter.keep_checkpoint_scheduler(pipe.scheduler)
+        pipe.scheduler = adapter.scheduler_for(cfg.sampler)  # requests switch it per sampler
         adapter.configure_tiling(cfg.tiling)
         adapter._count_encoders()
         return adapter
@@ -450,21 +509,35 @@ class WanAdapter(FamilyAdapter):
     def denoise(
         self, cond: TensorBundle, req: GenerationRequest, progress: Progress | None = None
     ) -> TensorBundle:
-        """Few-step DMD from ``cond`` alone; runs no encoder. Same seed -> bit-identical latents."""
+        """Sample from ``cond`` alone (runs no encoder) with the request's sampler: the pipeline's
+        own ``__call__`` on the checkpoint's scheduler (native) or the DMD one. Same seed ->
+        bit-identical latents, and the pipeline's own for a prompt-only request (native)."""
         self._check_cond(cond, req)
         pipe = self.pipe
         device = pipe._execution_device
         t = {k: v.to(device) for k, v in cond.tensors.items()}
         source = t.get("source_latents")
-        sigmas = strength_schedule(self.cfg.sampler.sigmas, req.strength if source is not None else None)
-        steps = len(sigmas)
+        strength = req.strength if source is not None else None
+        sampler, steps = self.sampling(req)
+        pipe.scheduler = self.scheduler_for(sampler)
+        if sampler.mode == "dmd":
+            sigmas = strength_schedule(sampler.sigmas, strength)
+            schedule: AbstractContextManager = pinned(pipe.scheduler, sigmas)
+            steps = total = len(sigmas)
+            start = 0
+        else:
+            start = tail_start(pipe.scheduler, steps, strength, device=device)
+            schedule = from_step(pipe.scheduler, start)
+            total = steps - start
 
         def on_step_end(_pipe, i: int, _t, _kwargs: dict) -> dict:
             if progress is not None:
-                progress(i + 1, steps)  # may raise (cancel): propagates out of the pipeline
+                progress(i + 1, total)  # may raise (cancel): propagates out of the pipeline
             return {}
 
-        generator = seed_everything(req.seed)  # noise from the generator, DMD re-noise from the global RNG
+        # Initial noise from a CPU generator seeded as a diffusers user seeds one
+        # (``torch.Generator().manual_seed(seed)``); DMD's re-noise from the seeded global RNG.
+        generator = seed_everything(req.seed)
         kwargs: dict[str, Any] = dict(
             prompt_embeds=t["prompt_embeds"],
             negative_prompt_embeds=t.get("negative_prompt_embeds"),
@@ -478,10 +551,15 @@ class WanAdapter(FamilyAdapter):
             callback_on_step_end=on_step_end,
             max_sequence_length=MAX_SEQUENCE_LENGTH,
         )
-        with pinned(pipe.scheduler, sigmas), self._inject(t, cond.meta, req, kwargs):
-            if source is not None:
-                kwargs["latents"] = self._renoised(source, cond.meta, generator)
+        if self.two_experts and sampler.guidance_scale_2 is not None:
+            kwargs["guidance_scale_2"] = sampler.guidance_scale_2
+        if source is not None:
+            with pinned(pipe.scheduler, sigmas) if sampler.mode == "dmd" else nullcontext():
+                sigma0 = first_sigma(pipe.scheduler, steps, start, device=device)
+            kwargs["latents"] = self._renoised(source, cond.meta, generator, sigma0)
+        with schedule, self._inject(t, cond.meta, req, kwargs):
             latents = pipe(**kwargs).frames
+            used = [float(s) for s in pipe.scheduler.sigmas[: len(pipe.scheduler.timesteps)]]
         # VACE prepends one latent frame per reference image; the pipeline drops them only when it decodes.
         latents = latents[:, :, int(cond.meta.get("num_reference_images", 0)) :]
         meta = {
@@ -490,22 +568,27 @@ class WanAdapter(FamilyAdapter):
             "pipeline": self.kind,
             "shape": list(latents.shape),
             "seed": req.seed,
-            "sigmas": sigmas,
-            "strength": req.strength if source is not None else None,
+            "sigmas": used,
+            "strength": strength,
             "shift": self.cfg.sampler.shift,
             "width": req.width,
             "height": req.height,
             "num_frames": req.num_frames,
+            "sampling": self.sampling_record(
+                sampler, req, used, guidance_scale_2=kwargs.get("guidance_scale_2")
+            ),
         }
         return TensorBundle({"video": latents.float().to("cpu").contiguous()}, meta)
 
-    def _renoised(self, source: torch.Tensor, meta: dict, generator) -> torch.Tensor:
-        """The starting latents of a video-to-video run: the source re-noised to the pinned
-        schedule's first sigma (as the scheduler shifts it), noise drawn from the seed's generator.
+    @property
+    def two_experts(self) -> bool:
+        """Wan 2.2 A14B: a high-noise ``transformer`` and a low-noise ``transformer_2``."""
+        return self.pipe.config.get("boundary_ratio") is not None
+
+    def _renoised(self, source: torch.Tensor, meta: dict, generator, sigma: float) -> torch.Tensor:
+        """The starting latents of a video-to-video run: the source re-noised to ``sigma`` (the
+        schedule's first, as the scheduler shifts it), noise drawn from the seed's generator.
         VACE's reference frames, prepended, start from noise at that sigma."""
-        sched = self.pipe.scheduler
-        sched.set_timesteps(device=source.device)
-        sigma = float(sched.sigmas[0])
         refs = int(meta.get("num_reference_images", 0))
         shape = (source.shape[0], source.shape[1], source.shape[2] + refs, *source.shape[3:])
         noise = randn_tensor(shape, generator=generator, device=source.device, dtype=torch.float32)
