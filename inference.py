@@ -37,13 +37,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--height", type=int)
     p.add_argument("--num-frames", type=int)
     p.add_argument("--fps", type=int)
-    p.add_argument("--guidance-scale", type=float)
+    p.add_argument("--steps", type=int, help="denoising steps (native sampler; dmd takes only its own)")
+    p.add_argument(
+        "--guidance-scale", type=float, help=">1: classifier-free guidance with the negative prompt"
+    )
     p.add_argument("--source-video", type=Path, help="video-to-video: the clip to start from")
     p.add_argument(
         "--strength", type=float, help="how far from --source-video to go, in (0, 1] (default: the YAML's)"
     )
     p.add_argument("--lora", metavar="NAME[:SCALE]", help="a LoRA adapter of the YAML's `adapters`, by name")
     p.add_argument("--output", type=Path, required=True)
+    p.add_argument(
+        "--save-latents",
+        type=Path,
+        metavar="PATH",
+        help="also write the denoised latents (safetensors, key `latents`; `audio_latents` with sound)",
+    )
     return p
 
 
@@ -60,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         fps=args.fps,
         seed=args.seed,
         guidance_scale=args.guidance_scale,
+        num_inference_steps=args.steps,
         negative_prompt=args.negative_prompt,
         first_frame=args.first_frame,
         last_frame=args.last_frame,
@@ -70,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         lora_scale=float(args.lora.partition(":")[2]) if args.lora and ":" in args.lora else None,
     )
     try:
-        result = runtime.generate(req, args.output)
+        result = runtime.generate(req, args.output, save_latents=args.save_latents)
     except (CapabilityError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -79,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         "seed": req.seed,
         "strength": req.strength,
         "lora": req.lora,
+        "sampling": {k: v for k, v in result.sampling.items() if k != "sigmas"},
+        "latents": str(args.save_latents) if args.save_latents else None,
         "checkpoint": runtime.checkpoint_id,
         "cache_hit": result.cache_hit,
         "timings": result.timings,

@@ -58,6 +58,7 @@ class GenerationResult:
     cache_hit: bool
     timings: dict[str, float]
     media: dict
+    sampling: dict = field(default_factory=dict)  # how it was sampled (the latents' meta)
 
 
 class ModelRuntime:
@@ -337,8 +338,16 @@ class ModelRuntime:
             silent_channels=audio.channels,
         )
 
-    def generate(self, req: GenerationRequest, output: Path, progress: Progress | None = None):
-        """The standalone path: every stage in this process, in order."""
+    def generate(
+        self,
+        req: GenerationRequest,
+        output: Path,
+        progress: Progress | None = None,
+        save_latents: Path | None = None,
+    ):
+        """The standalone path: every stage in this process, in order. ``save_latents``: also
+        write the denoised latents there (safetensors: ``latents``, and ``audio_latents`` for a
+        family that makes sound), for comparing runs or decoding elsewhere."""
         timings = StageTimings()
         with timings.stage("load"):
             self.adapter  # noqa: B018 - load weights before timing the stages
@@ -348,11 +357,29 @@ class ModelRuntime:
             cond, hit = self.condition(req)
         with timings.stage("denoise"):
             latents = self.denoise(cond, req, progress)
+        if save_latents is not None:
+            save_latent_tensors(latents, save_latents)
         with timings.stage("decode"):
             decoded = self.decode(latents, req)
         with timings.stage("write"):
             info = self.write(decoded, req, output)
-        return GenerationResult(output, req, hit, timings.seconds, media_summary(info))
+        return GenerationResult(
+            output, req, hit, timings.seconds, media_summary(info), latents.meta.get("sampling", {})
+        )
+
+
+def save_latent_tensors(latents: TensorBundle, path: Path) -> None:
+    """The denoised latents as the pipeline's ``output_type="latent"`` gives them (Wan VACE: without
+    the reference images' leading frames, which the pipeline drops only when it decodes)."""
+    from safetensors.torch import save_file
+
+    tensors = {"latents": latents.tensors["video"].contiguous()}
+    if "audio" in latents.tensors:
+        tensors["audio_latents"] = latents.tensors["audio"].contiguous()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {k: str(v) for k, v in latents.meta.items() if k in ("family", "pipeline", "seed")}
+    save_file(tensors, str(path), metadata=meta)
 
 
 def media_summary(info) -> dict:
