@@ -101,3 +101,21 @@ def test_cli_capability_error_names_the_field(wan_config, tmp_path):
     )
     assert proc.returncode == 2
     assert "num_frames" in proc.stderr and not (tmp_path / "o.mp4").exists()
+
+
+def test_model_configs_for_real_checkpoints_validate():
+    """configs/models/: a ready inference YAML per family, base and distilled, with its authors' sampler."""
+    configs = {p.stem: load_inference_config(p) for p in sorted((REPO / "configs" / "models").glob("*.yaml"))}
+    modes = {name: cfg.sampler.mode for name, cfg in configs.items()}
+    for family in ("wan", "ltx2"):
+        mine = [name for name, cfg in configs.items() if cfg.family == family]
+        # a base checkpoint (native, tens of steps, CFG) and a distilled one (dmd, or a distill adapter)
+        assert any(modes[n] == "native" and configs[n].sampler.steps >= 20 for n in mine), mine
+        assert any(
+            modes[n] == "dmd" or any(a.sampler and a.sampler.mode == "dmd" for a in configs[n].adapters)
+            for n in mine
+        ), mine
+    for cfg in configs.values():
+        assert not cfg.tiny.build_if_missing and cfg.device == "cuda"
+        if cfg.sampler.mode == "native":
+            assert cfg.sampler.guidance_scale > 1.0  # base checkpoints are sampled with CFG

@@ -36,6 +36,7 @@ SUPPORTED_PIPELINES = (VACE, I2V, T2V)
 MAX_SEQUENCE_LENGTH = 512  # Wan's default text length; encode and denoise must agree
 MAX_VACE_REFERENCES = 7
 FPS = (16,)
+TI2V_FPS = (24,)  # Wan 2.2 TI2V-5B was trained at 24 fps
 GUIDANCE_RANGE = (1.0, 10.0)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -367,7 +368,7 @@ class WanAdapter(FamilyAdapter):
             audio_out=False,
             frame_multiple=self.pipe.vae_scale_factor_temporal,
             size_multiple=self.pipe.vae_scale_factor_spatial * dit.patch_size[1],
-            fps=FPS,
+            fps=TI2V_FPS if ti2v else FPS,
             guidance_range=GUIDANCE_RANGE,
             video_to_video=True,
             adapters=self.adapter_names(),
