@@ -7,7 +7,11 @@
    admission, out-of-memory release and retry, residency ``auto`` choosing both ways) on it;
 3. generates the same clip with ``inference.py`` and through the service (``server.py`` with one
    CUDA device worker, ``POST /r2v`` until ``succeeded``) and prints wall time and peak VRAM of
-   both, side by side.
+   both, side by side;
+4. samples the clip with ``inference.py`` under both samplers, ``native`` (the checkpoint's UniPC,
+   8 steps with CFG: two DiT calls a step) and ``dmd`` (4 sigmas, no CFG), and prints seconds per
+   step of each (the denoise stage over its steps, in a fresh process: the first step's warm-up
+   is included).
 
 Without CUDA it says so and exits 0. Ends with one ``RESULT`` line. ``--cpu`` rehearses the whole
 script on the CPU with the tiny checkpoint and a tiny clip (the CUDA tests skip), so its steps
@@ -63,9 +67,19 @@ GPU = Target(
 CPU_REHEARSAL = Target(device="cpu", clip={"seed": 3}, inference={}, full_size=False)
 
 
-def inference_yaml(path: Path, target: Target, checkpoint: Path, cache: Path) -> Path:
+SAMPLERS = {
+    "native": {"mode": "native", "steps": 8, "guidance_scale": 5.0},
+    "dmd": {"mode": "dmd", "sigmas": [1.0, 0.75, 0.5, 0.25], "shift": 1.0, "guidance_scale": 1.0},
+}
+
+
+def inference_yaml(
+    path: Path, target: Target, checkpoint: Path, cache: Path, sampler: dict | None = None
+) -> Path:
     data = yaml.safe_load((REPO / "configs" / "inference.wan-tiny.yaml").read_text())
     data.update(target.inference, device=target.device, offload=False)
+    if sampler is not None:
+        data["sampler"] = sampler
     data["memory"] = {**data["memory"], **target.inference.get("memory", {})}
     data["paths"] = {"checkpoint": str(checkpoint), "cache_dir": str(cache)}
     # The tiny config's LoRA adapters are shaped for the tiny DiT; the check needs none.
@@ -151,15 +165,26 @@ def main() -> int:
         )
         tests_ok = tests.returncode == 0
 
-    inference = inference_yaml(root / "inference.yaml", target, checkpoint, root / "cache-cli")
-    cmd = [sys.executable, "inference.py", "--config", str(inference), "--prompt", PROMPT]
-    cmd += ["--output", str(root / "cli.mp4")]
-    cmd += [f"--{k.replace('_', '-')}={v}" for k, v in target.clip.items()]
-    cli_wall, _, out = run_measured(cmd)
-    cli = json.loads(out.strip().splitlines()[-1])
+    def generate(config: Path, output: Path) -> tuple[float, dict]:
+        """One clip with inference.py: its wall time and the JSON line it prints."""
+        cmd = [sys.executable, "inference.py", "--config", str(config), "--prompt", PROMPT]
+        cmd += ["--output", str(output), *(f"--{k.replace('_', '-')}={v}" for k, v in target.clip.items())]
+        wall, _, out = run_measured(cmd)
+        return wall, json.loads(out.strip().splitlines()[-1])
+
+    cli_wall, cli = generate(
+        inference_yaml(root / "inference.yaml", target, checkpoint, root / "cache-cli"), root / "cli.mp4"
+    )
     service = through_service(
         root, target, inference_yaml(root / "inference-svc.yaml", target, checkpoint, root / "cache-svc")
     )
+    per_step = {}
+    for mode, sampler in SAMPLERS.items():
+        config = inference_yaml(
+            root / f"inference-{mode}.yaml", target, checkpoint, root / "cache-cli", sampler
+        )
+        _, run = generate(config, root / f"{mode}.mp4")
+        per_step[mode] = (run["timings"]["denoise"] / run["sampling"]["steps"], run["sampling"])
 
     print()
     print(f"{'one clip ' + str(target.clip):<60}")
@@ -168,6 +193,11 @@ def main() -> int:
     peak = service["peak_mb"] or float("nan")
     print(f"{'service (accept->done)':<22}{service['wall_s']:>10.1f}{peak:>16.0f}")
     print(f"service ready (GET /health 200) {service['ready_s']:.0f} s after start; CUDA tests: {tests_ok}")
+    for mode, (seconds, sampling) in per_step.items():
+        print(
+            f"{mode:<7} {sampling['scheduler']:<26} {sampling['steps']} steps x "
+            f"{sampling['dit_calls_per_step']} DiT calls: {seconds:.3f} s/step"
+        )
     print(result_line({
         "cuda": str(target.full_size).lower(),
         "gpu": name.replace(" ", "_"),
@@ -178,6 +208,8 @@ def main() -> int:
         "service_wall_s": round(service["wall_s"], 2),
         "service_peak_mb": service["peak_mb"],
         "service_over_cli": round(service["wall_s"] / cli_wall, 3),
+        "native_s_per_step": round(per_step["native"][0], 4),
+        "dmd_s_per_step": round(per_step["dmd"][0], 4),
         "total_s": round(time.perf_counter() - began, 1),
     }))  # fmt: skip
     return 0 if tests_ok else 1

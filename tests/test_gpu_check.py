@@ -45,4 +45,8 @@ def test_the_cpu_rehearsal_runs_every_step_through_the_service(tmp_path):
     assert float(figures["cli_wall_s"]) > 0 and float(figures["service_wall_s"]) > 0
     assert float(figures["cli_peak_mb"]) > 0 and float(figures["service_peak_mb"]) > 0
     assert (tmp_path / "cli.mp4").stat().st_size > 0
+    # Both samplers ran and were timed per step (native: 8 steps with CFG; dmd: 4 without).
+    assert float(figures["native_s_per_step"]) > 0 and float(figures["dmd_s_per_step"]) > 0
+    assert "native  UniPCMultistepScheduler" in out and "8 steps x 2 DiT calls" in out
+    assert "dmd     DMDScheduler" in out and "4 steps x 1 DiT calls" in out
     assert (tmp_path / "wan-tiny" / "model_index.json").is_file()
