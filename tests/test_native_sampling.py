@@ -282,3 +282,32 @@ def test_inference_cli_steps_guidance_and_saved_latents(checkpoints, tmp_path):
         output_type="latent",
     ).frames
     assert torch.equal(latents, reference)
+
+
+def test_ti2v_first_frame_equals_diffusers_i2v_pipeline_on_the_same_folder(checkpoints, frame):
+    """Wan 2.2 TI2V-5B is one folder for text and image to video: with a first frame it runs as
+    ``WanImageToVideoPipeline`` loaded from that folder (as diffusers' docs do), on the same weights."""
+    from diffusers import WanImageToVideoPipeline
+
+    ckpt = checkpoints["ti2v-5b"]
+    adapter = WanAdapter.load(native_config(ckpt))
+    assert adapter.capabilities.first_frame and not adapter.capabilities.last_frame
+    req = request(first_frame=frame, fps=24)
+    latents = adapter.denoise(adapter.encode(req), req).tensors["video"]
+    pipe = WanImageToVideoPipeline.from_pretrained(str(ckpt), local_files_only=True)
+    pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
+    reference = pipe(
+        image=Image.open(frame).convert("RGB"),
+        prompt=PROMPT,
+        height=64,
+        width=64,
+        num_frames=9,
+        num_inference_steps=STEPS,
+        guidance_scale=GUIDANCE,
+        generator=torch.Generator().manual_seed(SEED),
+        output_type="latent",
+    ).frames
+    assert torch.equal(latents, reference)
+    # and the text-only form of the same checkpoint still differs from it (the frame conditions)
+    text_only = adapter.denoise(adapter.encode(request(fps=24)), request(fps=24)).tensors["video"]
+    assert not torch.equal(text_only, latents)

@@ -318,6 +318,35 @@ class WanAdapter(FamilyAdapter):
         """The pipeline class named in model_index.json: decides which features exist."""
         return _pipeline_kind(self.pipe)
 
+    @property
+    def ti2v(self) -> bool:
+        """Wan 2.2 TI2V-5B: one checkpoint for text- and image-to-video (timesteps per token)."""
+        return bool(self.pipe.config.get("expand_timesteps", False))
+
+    def _kind_for(self, req: GenerationRequest) -> str:
+        """The pipeline a request runs on: a TI2V checkpoint's first frame takes its I2V form."""
+        if self.kind == T2V and self.ti2v and req.first_frame is not None:
+            return I2V
+        return self.kind
+
+    def _pipe_for(self, kind: str):
+        """The loaded pipeline, or for a TI2V first frame an I2V pipeline over the same components
+        (as diffusers' docs load the TI2V folder with WanImageToVideoPipeline): no weights copied."""
+        if kind == self.kind:
+            return self.pipe
+        from diffusers import WanImageToVideoPipeline
+
+        components = {
+            k: v for k, v in self.pipe.components.items() if k not in ("image_encoder", "image_processor")
+        }
+        view = WanImageToVideoPipeline(
+            **components,
+            boundary_ratio=self.pipe.config.get("boundary_ratio"),
+            expand_timesteps=True,
+        )
+        view.set_progress_bar_config(disable=True)
+        return view
+
     def configure_tiling(self, tiling: Tiling) -> None:
         """Spatial tiled decode (Wan's VAE does not tile time). Tile/stride must align to latents."""
         vae = self.pipe.vae
@@ -359,10 +388,10 @@ class WanAdapter(FamilyAdapter):
     def capabilities(self) -> Capabilities:
         kind = self.kind
         dit = self.generator_config()
-        ti2v = bool(self.pipe.config.get("expand_timesteps", False))  # 2.2 TI2V: first frame only
+        ti2v = self.ti2v  # 2.2 TI2V: a first frame only (its I2V form), no last frame
         return Capabilities(
             max_reference_images=MAX_VACE_REFERENCES if kind == VACE else 0,
-            first_frame=kind in (VACE, I2V),
+            first_frame=kind in (VACE, I2V) or ti2v,
             last_frame=kind == VACE or (kind == I2V and not ti2v),
             audio_in=False,
             audio_out=False,
@@ -387,10 +416,11 @@ class WanAdapter(FamilyAdapter):
     def encode(self, req: GenerationRequest) -> TensorBundle:
         """Text (+ negative when guidance > 1) and the image conditioning, all as tensors."""
         self.check(req)
-        pipe = self.pipe
+        kind = self._kind_for(req)
+        pipe = self._pipe_for(kind)
         device = pipe._execution_device
         # Read the VACE video (frames and guides) first: a bad file fails before any encoder runs.
-        vace_video = self._vace_video(req) if self.kind == VACE else None
+        vace_video = self._vace_video(req) if kind == VACE else None
         use_negative = req.guidance_scale > 1.0
         prompt_embeds, negative = pipe.encode_prompt(
             prompt=req.prompt,
@@ -406,13 +436,13 @@ class WanAdapter(FamilyAdapter):
         if vace_video is not None:
             vace, num_refs = self._encode_vace(req, device, vace_video)
             tensors.update(vace)
-        elif self.kind == I2V:
-            tensors.update(self._encode_i2v(req, device))
+        elif kind == I2V:
+            tensors.update(self._encode_i2v(req, device, pipe))
         if req.source_video is not None:
             tensors["source_latents"] = self._encode_source(req, device)
         meta = {
             "family": self.family,
-            "pipeline": self.kind,
+            "pipeline": kind,
             "width": req.width,
             "height": req.height,
             "num_frames": req.num_frames,
@@ -459,8 +489,7 @@ class WanAdapter(FamilyAdapter):
         masks = type(pipe).prepare_masks(_DitConfigView(pipe, self.generator_config()), mask, refs, None)
         return {"vace_video_latents": latents, "vace_mask": masks}, len(refs[0])
 
-    def _encode_i2v(self, req: GenerationRequest, device) -> dict[str, torch.Tensor]:
-        pipe = self.pipe
+    def _encode_i2v(self, req: GenerationRequest, device, pipe) -> dict[str, torch.Tensor]:
         first = _load_rgb(req.first_frame, req.width, req.height)
         last = _load_rgb(req.last_frame, req.width, req.height) if req.last_frame else None
 
@@ -513,8 +542,9 @@ class WanAdapter(FamilyAdapter):
         """Sample from ``cond`` alone (runs no encoder) with the request's sampler: the pipeline's
         own ``__call__`` on the checkpoint's scheduler (native) or the DMD one. Same seed ->
         bit-identical latents, and the pipeline's own for a prompt-only request (native)."""
-        self._check_cond(cond, req)
-        pipe = self.pipe
+        kind = self._kind_for(req)
+        self._check_cond(cond, req, kind)
+        pipe = self._pipe_for(kind)
         device = pipe._execution_device
         t = {k: v.to(device) for k, v in cond.tensors.items()}
         source = t.get("source_latents")
@@ -558,7 +588,7 @@ class WanAdapter(FamilyAdapter):
             with pinned(pipe.scheduler, sigmas) if sampler.mode == "dmd" else nullcontext():
                 sigma0 = first_sigma(pipe.scheduler, steps, start, device=device)
             kwargs["latents"] = self._renoised(source, cond.meta, generator, sigma0)
-        with schedule, self._inject(t, cond.meta, req, kwargs):
+        with schedule, self._inject(pipe, kind, t, cond.meta, req, kwargs):
             latents = pipe(**kwargs).frames
             used = [float(s) for s in pipe.scheduler.sigmas[: len(pipe.scheduler.timesteps)]]
         # VACE prepends one latent frame per reference image; the pipeline drops them only when it decodes.
@@ -566,7 +596,7 @@ class WanAdapter(FamilyAdapter):
         meta = {
             "family": self.family,
             "kind": "latents",
-            "pipeline": self.kind,
+            "pipeline": kind,
             "shape": list(latents.shape),
             "seed": req.seed,
             "sigmas": used,
@@ -597,12 +627,10 @@ class WanAdapter(FamilyAdapter):
         start[:, :, refs:] += (1.0 - sigma) * source
         return start
 
-    def _check_cond(self, cond: TensorBundle, req: GenerationRequest) -> None:
+    def _check_cond(self, cond: TensorBundle, req: GenerationRequest, kind: str) -> None:
         meta = cond.meta
-        if meta.get("pipeline") not in (None, self.kind):
-            raise ValueError(
-                f"conditioning was encoded for {meta['pipeline']}, this checkpoint is {self.kind}"
-            )
+        if meta.get("pipeline") not in (None, kind):
+            raise ValueError(f"conditioning was encoded for {meta['pipeline']}, this request runs on {kind}")
         for name in ("width", "height", "num_frames"):
             if name in meta and meta[name] != getattr(req, name):
                 raise ValueError(
@@ -614,23 +642,23 @@ class WanAdapter(FamilyAdapter):
             )
 
     def _inject(
-        self, t: dict[str, torch.Tensor], meta: dict, req: GenerationRequest, kwargs: dict
+        self, pipe, kind: str, t: dict[str, torch.Tensor], meta: dict, req: GenerationRequest, kwargs: dict
     ) -> AbstractContextManager:
         """Bind the pipeline's encoder-running methods to return the precomputed tensors."""
-        if self.kind == VACE:
+        if kind == VACE:
             placeholders = [[None] * int(meta.get("num_reference_images", 0))]  # only their count is read
             return _patched(
-                self.pipe,
+                pipe,
                 preprocess_conditions=lambda *_a, **_k: (None, None, placeholders),
                 prepare_video_latents=lambda *_a, **_k: t["vace_video_latents"],
                 prepare_masks=lambda *_a, **_k: t["vace_mask"],
             )
-        if self.kind == I2V:
-            return self._inject_i2v(t, req, kwargs)
+        if kind == I2V:
+            return self._inject_i2v(pipe, t, req, kwargs)
         return nullcontext()
 
     def _inject_i2v(
-        self, t: dict[str, torch.Tensor], req: GenerationRequest, kwargs: dict
+        self, pipe, t: dict[str, torch.Tensor], req: GenerationRequest, kwargs: dict
     ) -> AbstractContextManager:
         condition, mask = t["i2v_condition"], t.get("i2v_first_frame_mask")
         shape = self._latent_shape(req, self.pipe.vae.config.z_dim)
@@ -660,7 +688,7 @@ class WanAdapter(FamilyAdapter):
         # __call__ requires ``image``; only the two patched methods would read it.
         kwargs["image"] = Image.new("RGB", (req.width, req.height))
         return _patched(
-            self.pipe, prepare_latents=prepare_latents, encode_image=lambda *_a, **_k: t["image_embeds"]
+            pipe, prepare_latents=prepare_latents, encode_image=lambda *_a, **_k: t["image_embeds"]
         )
 
     # -- decode ---------------------------------------------------------------------------------
