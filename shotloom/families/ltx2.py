@@ -2,8 +2,9 @@
 
 The stages run in separate processes, so ``encode`` runs every encoder (Gemma + text connectors, VAE
 encode of the image conditions, audio VAE encode of an input track) and stores the results.
-``denoise`` runs its own few-step loop, written after ``LTX2ConditionPipeline.__call__`` (same steps,
-same order; for text-only it is bit-identical to ``__call__``) instead of calling it, because:
+``denoise`` runs its own loop, written after ``LTX2ConditionPipeline.__call__`` (same steps, same
+order; for text-only it is bit-identical to ``__call__``, in both sampler modes) instead of calling it,
+because:
 
 * the condition latents come from the bundle, and ``__call__`` can only VAE-encode images itself;
 * DMD re-noises to the next sigma. The scheduler does that to every token, which would put noise
@@ -15,6 +16,17 @@ same order; for text-only it is bit-identical to ``__call__``) instead of callin
 
 Everything else (packing, normalisation, first-frame and keyframe conditioning, RoPE coordinates)
 is the pipeline's own code, called as methods.
+
+Samplers (``sampler.mode``): ``native`` keeps the checkpoint's scheduler (flow-match Euler with
+LTX-2's token-count-dependent shift ``mu`` and ``shift_terminal``), and each step is ``__call__``'s
+own: its sigmas (``linspace(1, 1/steps, steps)`` shifted by ``mu`` of the video's token count), CFG
+in x0 space with ``guidance_scale`` for the video and ``audio_guidance_scale`` for the audio stream,
+the conditioning mask blended in x0 space, one Euler step. So a prompt-only request, a first frame,
+and a keyframe where ``__call__``'s latent index puts one (pixel frame 8k+1) equal
+``__call__(..., output_type="latent")`` for a seed, steps and guidance (tested). Not run (the sampler
+does not carry them): ``__call__``'s STG, modality-isolation guidance and guidance rescale, LTX-2.3
+knobs that the caller switches off (``stg_scale=0``, ``modality_scale=1``, ``guidance_rescale=0``).
+``dmd`` re-noises each token to its own level as described above.
 
 Conditions, in pixel frames: ``first_frame`` replaces the first latent frame (strength 1);
 ``last_frame`` is a keyframe at frame ``num_frames - 1`` (strength 1); memory images are keyframes
@@ -44,7 +56,7 @@ import math
 import string
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +71,7 @@ from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress, source
 from shotloom.families.weights import build_checkpoint, ensure_checkpoint, place_pipeline
 from shotloom.guides import guide_field, guide_frames
 from shotloom.request import GenerationRequest, Guide
-from shotloom.sampler import make_dmd_scheduler, pinned, seed_everything, strength_schedule
+from shotloom.sampler import from_step, pinned, seed_everything, strength_schedule, tail_start
 
 PIPELINE = "LTX2ConditionPipeline"
 # Checkpoints declaring a sibling pipeline hold the same components; they are re-wrapped.
@@ -75,8 +87,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # -- tiny checkpoint -----------------------------------------------------------------------------
 _TINY_TEXT_DIM = 32  # Gemma3 hidden size == connector heads x head_dim (2 x 16)
 _TINY_TEXT_LAYERS = 2
-# LTX-2's real scheduler config: the DMD scheduler must override its shifting (tested).
+# The scheduler the real LTX-2 diffusers folders ship (Lightricks/LTX-2 ``scheduler/``, as diffusers'
+# LTX-Video 0.9.1+ converter writes it): flow-match Euler, shift by ``mu`` from the video's token count
+# (exponential time shift between base_shift at 1024 tokens and max_shift at 4096), the schedule
+# stretched to end at shift_terminal. Native sampling keeps it; the DMD scheduler overrides its
+# shifting (tested).
 _LTX2_SCHEDULER = dict(
+    num_train_timesteps=1000,
+    shift=1.0,
     use_dynamic_shifting=True,
     base_shift=0.95,
     max_shift=2.05,
@@ -84,6 +102,7 @@ _LTX2_SCHEDULER = dict(
     max_image_seq_len=4096,
     shift_terminal=0.1,
     time_shift_type="exponential",
+    stochastic_sampling=False,
 )
 
 
@@ -387,15 +406,17 @@ class LTX2Adapter(FamilyAdapter):
         if name != PIPELINE:  # same components; not from_pipe, which casts everything to float32
             params = inspect.signature(LTX2ConditionPipeline.__init__).parameters
             pipe = LTX2ConditionPipeline(**{k: v for k, v in pipe.components.items() if k in params})
-        pipe.scheduler = make_dmd_scheduler(pipe.scheduler.config, cfg.sampler.sigmas, cfg.sampler.shift)
-        if pipe.audio_scheduler is not None:
-            pipe.audio_scheduler = make_dmd_scheduler(
-                pipe.audio_scheduler.config, cfg.sampler.sigmas, cfg.sampler.shift
-            )
-        _check_sigmas(pipe.scheduler, cfg.sampler)
         pipe.set_progress_bar_config(disable=True)
         place_pipeline(pipe, device, cfg.offload)
         adapter = cls(cfg, pipe, device)
+        # The checkpoint's schedulers; without an audio one, __call__ samples audio on a copy of the video's.
+        adapter.keep_checkpoint_scheduler(pipe.scheduler)
+        adapter.keep_checkpoint_scheduler(pipe.audio_scheduler or pipe.scheduler, name="audio_scheduler")
+        samplers = [cfg.sampler, *(a.sampler for a in cfg.adapters if a.sampler is not None)]
+        for sampler in samplers:
+            if sampler.mode == "dmd":
+                _check_sigmas(adapter.scheduler_for(sampler), sampler)
+        adapter._use(cfg.sampler)  # requests switch them per sampler
         adapter.configure_tiling(cfg.tiling)
         adapter._count_encoders()
         return adapter
@@ -630,31 +651,48 @@ class LTX2Adapter(FamilyAdapter):
     def denoise(
         self, cond: TensorBundle, req: GenerationRequest, progress: Progress | None = None
     ) -> TensorBundle:
-        """Few-step DMD from ``cond`` alone; runs no encoder. Same seed -> bit-identical latents."""
+        """Sample from ``cond`` alone (runs no encoder) with the request's sampler: the checkpoint's
+        scheduler as ``__call__`` runs it (native) or few-step DMD. Same seed -> bit-identical
+        latents, and ``__call__``'s own for a prompt-only or first-frame request."""
         self._check_cond(cond, req)
         pipe = self.pipe
         device = torch.device(self.device)
         t = {k: v.to(device) for k, v in cond.tensors.items()}
         dims = self._dims(req)
-        # 1. Timesteps: the YAML's sigmas (pinned on the DMD scheduler); their tail from the
-        #    strength on for video-to-video.
         v2v = "source_latents" in t
-        sigmas = strength_schedule(self.cfg.sampler.sigmas, req.strength if v2v else None)
-        sched = pipe.scheduler
-        audio_sched = pipe.audio_scheduler if pipe.audio_scheduler is not None else copy.deepcopy(sched)
-        for s in (sched, audio_sched):
-            with pinned(s, sigmas):  # DMD schedulers answer their pinned list, whatever is passed
-                s.set_timesteps(sigmas=sigmas, device=device)
-        # 2. Noise from the generator (video, then audio, as __call__); DMD re-noise from the global RNG.
+        strength = req.strength if v2v else None
+        sampler, steps = self.sampling(req)
+        sched, audio_sched = self._use(sampler)
+        # 1. The clip's tokens and the appended keyframes' (native shifts its schedule by their count).
+        video = self._prepare_video(t, cond.meta["conditions"], req, dims)
+        # 2. Timesteps. dmd: the YAML's sigmas (pinned on the DMD scheduler); native: __call__'s.
+        #    Video-to-video: their tail from the strength on, starting from the source at its sigma.
+        if sampler.mode == "dmd":
+            sigmas = strength_schedule(sampler.sigmas, strength)
+            for s in (sched, audio_sched):
+                with pinned(s, sigmas):  # DMD schedulers answer their pinned list, whatever is passed
+                    s.set_timesteps(sigmas=sigmas, device=device)
+            noise_scale = float(sched.sigmas[0])
+        else:
+            tokens = video.latents.shape[1]
+            noise_scale = _native_schedule((sched, audio_sched), steps, tokens, strength, device)
+        # 3. Noise from the generator (video, then audio, as __call__); DMD re-noise from the global RNG.
         generator = seed_everything(req.seed)
-        sigma0 = float(sched.sigmas[0])
-        video = self._prepare_video(t, cond.meta["conditions"], req, dims, generator, sigma0)
+        video = self._noised(video, generator, noise_scale)
         held = "audio_latents" in t
-        audio = self._prepare_audio(t, dims, generator, device, sigma0 if v2v else None)
-        # 3. Sample.
+        audio = self._prepare_audio(t, dims, generator, device, noise_scale if v2v else None)
+        # 4. Sample. CFG (a [negative, positive] batch) runs with the request's guidance > 1; the audio
+        #    stream's scale is the sampler's audio_guidance_scale, or the video's (as __call__'s None).
         hold = self._audio_hold(t) if held else None
-        latents, audio = self._sample(t, video, audio, held, hold, (sched, audio_sched), req, dims, progress)
-        # 4. Unpack and denormalise, as __call__ does for output_type="latent".
+        guided = req.guidance_scale > 1.0
+        audio_scale = req.guidance_scale
+        if guided and sampler.audio_guidance_scale is not None:
+            audio_scale = sampler.audio_guidance_scale
+        latents, audio = self._sample(
+            t, video, audio, held, hold, (sched, audio_sched), req, dims, progress, sampler.mode, audio_scale
+        )
+        used = [float(s) for s in sched.sigmas[: len(sched.timesteps)]]
+        # 5. Unpack and denormalise, as __call__ does for output_type="latent".
         vae, avae = pipe.vae, pipe.audio_vae
         latents = pipe._unpack_latents(
             latents[:, : video.clip_tokens],
@@ -673,9 +711,9 @@ class LTX2Adapter(FamilyAdapter):
             "family": self.family,
             "kind": "latents",
             "seed": req.seed,
-            "shift": self.cfg.sampler.shift,
-            "sigmas": pipe.scheduler.sigmas[:-1].tolist(),
-            "strength": req.strength if v2v else None,
+            "shift": sampler.shift,
+            "sigmas": used,
+            "strength": strength,
             "shape": list(latents.shape),
             "audio_shape": list(audio.shape),
             "audio_held": held,
@@ -686,9 +724,37 @@ class LTX2Adapter(FamilyAdapter):
             "height": req.height,
             "num_frames": req.num_frames,
             "fps": req.fps,
+            "sampling": self.sampling_record(
+                sampler, req, used, audio_guidance_scale=audio_scale if guided else None
+            ),
         }
         tensors = {"video": latents.float().cpu().contiguous(), "audio": audio.float().cpu().contiguous()}
         return TensorBundle(tensors, meta)
+
+    def scheduler_for(self, sampler, name: str = "scheduler"):
+        """As every family's; but LTX-2's scheduler shifts dynamically (by ``mu`` of the token
+        count), where a fixed ``shift`` is ignored: a native ``flow_shift`` replaces the dynamic
+        shift with that fixed one (the exponential time shift by ``mu`` is the fixed shift exp(mu))."""
+        base = self._checkpoint_schedulers[name]
+        dynamic = bool(base.config.get("use_dynamic_shifting"))
+        if sampler.mode != "native" or sampler.flow_shift is None or not dynamic:
+            return super().scheduler_for(sampler, name)
+        key = (name, sampler.model_dump_json())
+        if key not in self._schedulers:
+            self._schedulers[key] = type(base).from_config(
+                base.config, shift=sampler.flow_shift, use_dynamic_shifting=False
+            )
+        return self._schedulers[key]
+
+    def _use(self, sampler: Sampler) -> tuple:
+        """Put ``sampler``'s video and audio schedulers on the pipeline (an audio one only where the
+        checkpoint has one: __call__ copies the video's otherwise) and return them."""
+        pipe = self.pipe
+        pipe.scheduler = self.scheduler_for(sampler)
+        audio = self.scheduler_for(sampler, "audio_scheduler")
+        if pipe.audio_scheduler is not None:
+            pipe.audio_scheduler = audio
+        return pipe.scheduler, audio
 
     def _check_cond(self, cond: TensorBundle, req: GenerationRequest) -> None:
         meta = cond.meta
@@ -722,10 +788,9 @@ class LTX2Adapter(FamilyAdapter):
         conditions: list[dict],
         req: GenerationRequest,
         dims: _Dims,
-        generator,
-        noise_scale: float,
     ) -> _Video:
-        """``LTX2ConditionPipeline.prepare_latents`` with the condition latents taken from the bundle."""
+        """``LTX2ConditionPipeline.prepare_latents`` with the condition latents taken from the bundle,
+        before its noise (``_noised``)."""
         pipe = self.pipe
         device = torch.device(self.device)
         p, pt = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
@@ -770,9 +835,15 @@ class LTX2Adapter(FamilyAdapter):
             kf_mask = torch.full((*packed[i].shape[:2], 1), strengths[i], device=device)
             mask = torch.cat([mask, kf_mask], 1)
             coords = torch.cat([coords, kf_coords], dim=2)
-        noise = _randn(latents.shape, generator, device)
-        scaled = (1.0 - mask) * noise_scale  # conditioned tokens start (1 - strength) of the way to noise
-        return _Video(noise * scaled + latents * (1 - scaled), mask, clean, coords, clip_tokens)
+        return _Video(latents, mask, clean, coords, clip_tokens)
+
+    @staticmethod
+    def _noised(video: _Video, generator, noise_scale: float) -> _Video:
+        """The end of ``prepare_latents``: noise over every token, to ``noise_scale``."""
+        noise = _randn(video.latents.shape, generator, video.latents.device)
+        # Conditioned tokens start (1 - strength) of the way to noise.
+        scaled = (1.0 - video.mask) * noise_scale
+        return replace(video, latents=noise * scaled + video.latents * (1 - scaled))
 
     def _audio_hold(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A partly held input track: (mask (1, tokens, 1), its clean packed latents); None when the
@@ -828,16 +899,22 @@ class LTX2Adapter(FamilyAdapter):
         req: GenerationRequest,
         dims: _Dims,
         progress: Progress | None,
+        mode: str,
+        audio_scale: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The denoising loop of ``__call__`` (no STG / modality guidance: DMD checkpoints are distilled).
+        """The denoising loop of ``__call__`` with CFG (no STG, modality guidance or guidance rescale).
 
+        ``mode`` native: each step is ``__call__``'s (x0 at the step's sigma, the conditioning mask
+        blended in x0 space, one step of the scheduler); dmd: each token re-noised to its own level.
         ``held``: an input track is held clean; ``hold`` (mask, clean latents) when only part of it is
-        (a guide's sound): those tokens at timestep 0, the others denoised like the video's tokens."""
+        (a guide's sound): those tokens at timestep 0, the others denoised like the video's tokens.
+        ``audio_scale``: the audio stream's guidance (the video's is the request's)."""
         pipe = self.pipe
         device = torch.device(self.device)
         sched, audio_sched = schedulers
+        scale = req.guidance_scale
         names = ("prompt_embeds", "audio_prompt_embeds", "prompt_attention_mask")
-        if req.guidance_scale > 1.0:  # CFG batch: [negative, positive]
+        if scale > 1.0:  # CFG batch: [negative, positive]
             text = [torch.cat([t[f"negative_{n}"], t[n]]) for n in names]
         else:
             text = [t[n] for n in names]
@@ -881,22 +958,29 @@ class LTX2Adapter(FamilyAdapter):
                 return_dict=False,
             )
             sigma = sched.sigmas[i]
-            # Each token's own noise level: a token held at strength s sits at (1 - s) * sigma.
-            x0 = _guided_x0(latents, pred_video.float(), sigma * (1 - video.mask), req.guidance_scale)
-            x0 = (x0 * (1 - video.mask) + video.clean * video.mask).to(x0.dtype)
-            renoised = sched.step((latents - x0) / sigma, step_t, latents, return_dict=False)[0]
-            # Re-noise each token to sigma_next * (1 - s); lerp is exact at weights 0 and 1.
-            latents = torch.lerp(x0, renoised, 1 - video.mask)
+            if mode == "native":  # __call__'s step: x0 at the step's sigma for every token
+                x0 = _guided_x0(latents, pred_video.float(), sigma, scale)
+                x0 = (x0 * (1 - video.mask) + video.clean * video.mask).to(x0.dtype)
+                latents = sched.step((latents - x0) / sigma, step_t, latents, return_dict=False)[0]
+            else:
+                # Each token's own noise level: a token held at strength s sits at (1 - s) * sigma.
+                x0 = _guided_x0(latents, pred_video.float(), sigma * (1 - video.mask), scale)
+                x0 = (x0 * (1 - video.mask) + video.clean * video.mask).to(x0.dtype)
+                renoised = sched.step((latents - x0) / sigma, step_t, latents, return_dict=False)[0]
+                # Re-noise each token to sigma_next * (1 - s); lerp is exact at weights 0 and 1.
+                latents = torch.lerp(x0, renoised, 1 - video.mask)
             if hold is not None:  # as the video's conditioned tokens: held ones stay exactly clean
+                # (the mask is 0 or 1, so the per-token level is the step's sigma wherever it counts, and
+                # a native Euler step leaves a clean token where it is: the lerp changes nothing there)
                 mask, clean = hold
                 level = audio_sched.sigmas[i]
-                audio_x0 = _guided_x0(audio, pred_audio.float(), level * (1 - mask), req.guidance_scale)
+                audio_x0 = _guided_x0(audio, pred_audio.float(), level * (1 - mask), audio_scale)
                 audio_x0 = (audio_x0 * (1 - mask) + clean * mask).to(audio_x0.dtype)
                 renoised = audio_sched.step((audio - audio_x0) / level, step_t, audio, return_dict=False)[0]
                 audio = torch.lerp(audio_x0, renoised, 1 - mask)
             elif not held:
                 level = audio_sched.sigmas[i]
-                audio_x0 = _guided_x0(audio, pred_audio.float(), level, req.guidance_scale)
+                audio_x0 = _guided_x0(audio, pred_audio.float(), level, audio_scale)
                 velocity = (audio - audio_x0) / level
                 audio = audio_sched.step(velocity, step_t, audio, return_dict=False)[0]
             if progress is not None:
@@ -946,6 +1030,30 @@ class LTX2Adapter(FamilyAdapter):
         rate = int(pipe.vocoder.config.output_sampling_rate)
         samples = round(req.num_frames / req.fps * rate)
         return _fit(np.clip(wave, -1.0, 1.0), samples).astype(np.float32), rate
+
+
+def _native_schedule(schedulers: tuple, steps: int, tokens: int, strength: float | None, device) -> float:
+    """``__call__``'s timesteps on the checkpoint's (video, audio) schedulers: ``steps`` sigmas from 1
+    to 1/steps, shifted by ``mu`` of the video's ``tokens`` (the clip's and the keyframes', as
+    ``__call__`` counts them) where the scheduler shifts dynamically; for video-to-video their tail
+    from the first sigma at or below ``strength``. Returns the noise scale the latents start at
+    (``__call__``'s 1.0; the tail's first sigma for video-to-video)."""
+    from diffusers.pipelines.ltx2.pipeline_ltx2_condition import calculate_shift
+
+    config = schedulers[0].config
+    sigmas = np.linspace(1.0, 1 / steps, steps)
+    mu = calculate_shift(
+        tokens,
+        config.get("base_image_seq_len", 1024),
+        config.get("max_image_seq_len", 4096),
+        config.get("base_shift", 0.95),
+        config.get("max_shift", 2.05),
+    )
+    start = tail_start(schedulers[0], steps, strength, device=device, sigmas=sigmas, mu=mu)
+    for scheduler in schedulers:
+        with from_step(scheduler, start):
+            scheduler.set_timesteps(sigmas=sigmas, device=device, mu=mu)
+    return 1.0 if strength is None else float(schedulers[0].sigmas[0])
 
 
 def _randn(shape: tuple[int, ...], generator, device: torch.device) -> torch.Tensor:
