@@ -74,7 +74,7 @@ class Sampler(_Strict):
         description="Wan 2.2 two experts: the low-noise expert's guidance (None: guidance_scale).",
     )
     audio_guidance_scale: float | None = Field(
-        default=None, description="LTX-2: the audio stream's guidance (None: guidance_scale, as __call__ does)."
+        default=None, description="LTX-2: the audio stream's guidance (None: guidance_scale, as __call__)."
     )
 
     @field_validator("sigmas")
