@@ -35,6 +35,15 @@ AAC_FRAME = 1024  # samples per AAC frame
 AAC_RATES = frozenset(av.Codec("aac", "w").audio_rates or ())
 # faststart puts the index first so a browser (the Dagster UI, an API client) can play while loading.
 _MUX_OPTIONS = {"movflags": "+faststart"}
+# Same frames in, same bytes out. With macroblock-tree rate control (mbtree, on by default) the
+# bundled x264 (core 165) on an AVX-512 CPU writes streams that depend on what the process's heap
+# held before: identical frames encoded after different allocations gave up to 6 distinct streams
+# in 6 encodes (64x64 to 480x272, 17 or 85 frames), decoded up to 41/255 apart, so two runs of one
+# seed wrote different MP4s. Off either mbtree or AVX-512 (x264's asm flags) every encode was
+# byte-identical, so it is one of its AVX-512 mbtree kernels. Masking AVX-512 would need the CPU's
+# flags (naming one it lacks crashes), so mbtree goes: at crf 18, PSNR moved by under 0.6 dB either
+# way and size by -14..+21% on our clips. tests/test_determinism.py holds it.
+_X264_PARAMS = "mbtree=0"
 
 SPRITESHEET_FRAMES = 9  # default cells of a spritesheet (a 3x3 grid)
 SPRITESHEET_CELL_WIDTH = 160  # px: cells are downscaled to at most this width, keeping aspect
@@ -264,7 +273,7 @@ def _add_h264(container: Any, width: int, height: int, fps: Fraction, crf: int, 
     # Time base 1/fps with pts = frame index: frame count and rate are exact, no rounding drift.
     stream.time_base = 1 / fps
     stream.codec_context.time_base = 1 / fps
-    stream.options = {"crf": str(crf), "preset": preset}
+    stream.options = {"crf": str(crf), "preset": preset, "x264-params": _X264_PARAMS}
     return stream
 
 
