@@ -44,6 +44,7 @@ def build_context(cfg: ServerConfig) -> ApiContext:
         on_accept=follower.poke,
         capabilities=follower.capabilities,
         defaults=inference.defaults,
+        sampler_for=inference.sampler_for,
         terminate=lambda run_id: gateway.terminate(run_id, wait_starting_s=0),
         assets_dir=cfg.inputs_dir(),
         references=MediaWorkerReferences(

@@ -76,9 +76,15 @@ class DaemonStatus:
 class StepFailure:
     step_key: str | None
     message: str  # the step's error, e.g. "dagster._core.definitions.events.Failure: <description>"
-    class_name: str | None  # e.g. "Failure", "RuntimeError"
+    class_name: str | None  # e.g. "Failure", "DagsterExecutionStepExecutionError"
     description: str | None  # ``Failure(description=...)`` when the op raised a dagster Failure
     error_source: str | None  # USER_CODE_ERROR, FRAMEWORK_ERROR, INTERRUPT, UNEXPECTED_ERROR
+    # The op's own error under Dagster's wrappers, "<Class>: <message>" (see :func:`own_error`).
+    cause: str | None = None
+
+
+# A failed run's details: its RUN_FAILURE message, that event's own error, its step failures.
+_Failure = tuple[str | None, str | None, tuple[StepFailure, ...]]
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,7 @@ class RunInfo:
     parent_run_id: str | None
     failure_message: str | None = None  # the RUN_FAILURE event's message (FAILURE runs only)
     step_failures: tuple[StepFailure, ...] = field(default_factory=tuple)
+    failure_error: str | None = None  # the RUN_FAILURE event's own error (an exception outside steps)
 
     @property
     def finished(self) -> bool:
@@ -128,14 +135,15 @@ class RunInfo:
         return self.tags.get(FAILURE_REASON_TAG)
 
     def error_summary(self) -> str | None:
-        """One human line for a failed run: the first failing step's description or error, else the
-        run failure message."""
+        """What a client is told of a failed run: the first failing step's ``Failure`` description
+        or the op's own error (never Dagster's wrapper around it), prefixed with the step; else
+        the run's own error, else its failure message."""
         for failure in self.step_failures:
-            text = failure.description or failure.message
+            text = failure.description or failure.cause or failure.message
             if text:
                 prefix = f"{failure.step_key}: " if failure.step_key else ""
                 return prefix + text.strip()
-        return self.failure_message
+        return self.failure_error or self.failure_message
 
 
 @dataclass(frozen=True)
@@ -319,14 +327,20 @@ fragment FailureEvents on EventConnection {
   hasMore
   events {
     __typename
-    ... on RunFailureEvent { message error { message className } }
+    ... on RunFailureEvent { message error { ...ErrorChain } }
     ... on ExecutionStepFailureEvent {
       stepKey
       errorSource
-      error { message className }
+      error { ...ErrorChain }
       failureMetadata { description }
     }
   }
+}
+
+fragment ErrorChain on PythonError {
+  message
+  className
+  causes { message className }
 }
 """
 
@@ -485,7 +499,7 @@ class DagsterGateway:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._location: CodeLocation | None = None
-        self._failures: OrderedDict[str, tuple[str | None, tuple[StepFailure, ...]]] = OrderedDict()
+        self._failures: OrderedDict[str, _Failure] = OrderedDict()
 
     # -- plumbing ----------------------------------------------------------------------------------
 
@@ -689,15 +703,17 @@ class DagsterGateway:
         if failures:
             failed = [rid for rid, info in found.items() if info.status == "FAILURE"]
             details = self._failure_details(failed)
-            for rid, (message, steps) in details.items():
-                found[rid] = _with_failure(found[rid], message, steps)
+            for rid, (message, error, steps) in details.items():
+                found[rid] = replace(
+                    found[rid], failure_message=message, failure_error=error, step_failures=steps
+                )
         return found
 
-    def _failure_details(self, run_ids: list[str]) -> dict[str, tuple[str | None, tuple[StepFailure, ...]]]:
-        """RUN_FAILURE message and step failures of FAILURE runs. GraphQL cannot filter a run's events
-        by type, so the log is read in pages (other events come back as bare ``__typename``); a failed
-        run's log no longer changes, so the answer is cached."""
-        out: dict[str, tuple[str | None, tuple[StepFailure, ...]]] = {}
+    def _failure_details(self, run_ids: list[str]) -> dict[str, _Failure]:
+        """RUN_FAILURE message (and own error) and step failures of FAILURE runs. GraphQL cannot
+        filter a run's events by type, so the log is read in pages (other events come back as bare
+        ``__typename``); a failed run's log no longer changes, so the answer is cached."""
+        out: dict[str, _Failure] = {}
         todo: list[str] = []
         with self._lock:
             for rid in run_ids:
@@ -710,6 +726,7 @@ class DagsterGateway:
             return out
         cursors: dict[str, str | None] = dict.fromkeys(todo)
         messages: dict[str, str | None] = dict.fromkeys(todo)
+        errors: dict[str, str | None] = dict.fromkeys(todo)
         steps: dict[str, list[StepFailure]] = {rid: [] for rid in todo}
         pending = list(todo)
         while pending:
@@ -738,6 +755,7 @@ class DagsterGateway:
                     kind = event.get("__typename")
                     if kind == "RunFailureEvent":
                         messages[rid] = event.get("message")
+                        errors[rid] = own_error(event.get("error"))
                     elif kind == "ExecutionStepFailureEvent":
                         error = event.get("error") or {}
                         steps[rid].append(
@@ -747,6 +765,7 @@ class DagsterGateway:
                                 class_name=error.get("className"),
                                 description=(event.get("failureMetadata") or {}).get("description"),
                                 error_source=event.get("errorSource"),
+                                cause=own_error(error),
                             )
                         )
                 if conn.get("hasMore") and conn.get("cursor") and conn["cursor"] != cursors[rid]:
@@ -755,7 +774,7 @@ class DagsterGateway:
             pending = still
         with self._lock:
             for rid in todo:
-                out[rid] = self._failures[rid] = (messages[rid], tuple(steps[rid]))
+                out[rid] = self._failures[rid] = (messages[rid], errors[rid], tuple(steps[rid]))
             while len(self._failures) > _FAILURE_CACHE_SIZE:
                 self._failures.popitem(last=False)
         return out
@@ -842,5 +861,19 @@ class DagsterGateway:
         return counts
 
 
-def _with_failure(info: RunInfo, message: str | None, steps: tuple[StepFailure, ...]) -> RunInfo:
-    return replace(info, failure_message=message, step_failures=steps)
+def own_error(error: Mapping[str, Any] | None) -> str | None:
+    """The error an op (or the run) raised itself, from a GraphQL ``PythonError`` with its
+    ``causes`` (explicit ``raise ... from`` links, outermost first): Dagster wraps an op's exception
+    in its own (``DagsterExecutionStepExecutionError: Error occurred while executing op ...``), so
+    the first error that is not Dagster's is what went wrong. Answered as Python prints it, without
+    the module path: ``ValueError: height and width must be > 0``. None without an error."""
+    if not error:
+        return None
+    chain = [error, *(error.get("causes") or ())]
+    own = next((e for e in chain if not str(e.get("className") or "").startswith("Dagster")), chain[-1])
+    message = str(own.get("message") or "").strip()
+    name = own.get("className")
+    head, sep, rest = message.partition(": ")
+    if name and head.rsplit(".", 1)[-1] == name:  # "module.Class: text" or "Class: text" (or "Class")
+        message = f"{name}: {rest}" if sep else name
+    return message or name

@@ -14,7 +14,9 @@ Accepted (r2v spec "Input boundary", limited by :class:`shotloom.api_config.Inpu
 Every accepted resource is copied to ``assets_dir/<sha[:2]>/<sha>.<ext>`` (content-addressed) before
 the job is queued, so a job never depends on a URL or a caller's file staying the same. Images are
 fully decoded with PIL (pixel limit checked before decoding); audio and video are probed and their
-first frame decoded with PyAV. Every refusal is an :class:`InputError` naming the request field.
+first frame decoded with PyAV. An image or video whose size cannot make a frame (a side under
+``min_side`` pixels, sides further apart than ``max_aspect_ratio``) is refused here, on every route,
+before anything is queued. Every refusal is an :class:`InputError` naming the request field.
 
 Sync code (routes call it in a threadpool). No torch.
 """
@@ -44,8 +46,10 @@ if TYPE_CHECKING:
 Role = Literal["image", "audio", "video"]
 Source = Literal["data", "http", "file"]
 
-__all__ = ["InputAsset", "InputError", "Role", "copy_into_assets", "resolve_resource"]
+__all__ = ["MEDIA_SIZE", "InputAsset", "InputError", "Role", "copy_into_assets", "resolve_resource"]
 
+# InputError.code of a readable image or video whose size cannot make a frame.
+MEDIA_SIZE = "invalid_media_size"
 _MAX_REDIRECTS = 5
 _CHUNK = 1 << 16
 
@@ -69,12 +73,14 @@ _VIDEO_FORMATS = {
 
 
 class InputError(ValueError):
-    """A refused or invalid resource; the route answers HTTP 422 naming ``field``."""
+    """A refused or invalid resource; the route answers 422 (r2v) or 400 (/v1) naming ``field``.
+    ``code``: why, where a client may want to tell (:data:`MEDIA_SIZE`); None otherwise."""
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str, code: str | None = None):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -343,6 +349,26 @@ def _validate(
     return _validate_av(path, role, policy, field)
 
 
+def _check_size(width: int, height: int, policy: InputPolicy, field: str, what: str) -> None:
+    """Refuse a ``what`` (image, video) of ``width`` x ``height`` that cannot make a frame: a side
+    under ``min_side`` pixels, or sides further apart than ``max_aspect_ratio`` (fitted inside a
+    frame, the shorter one would vanish)."""
+    if min(width, height) < policy.min_side:
+        raise InputError(
+            field,
+            f"{what} is {width}x{height} pixels, too small to make a frame of: "
+            f"each side must be at least {policy.min_side} pixels",
+            MEDIA_SIZE,
+        )
+    if max(width, height) > policy.max_aspect_ratio * min(width, height):
+        raise InputError(
+            field,
+            f"{what} is {width}x{height} pixels, too narrow to make a frame of: "
+            f"its longer side may be at most {policy.max_aspect_ratio:g} times its shorter one",
+            MEDIA_SIZE,
+        )
+
+
 def _validate_image(path: Path, policy: InputPolicy, field: str) -> tuple[str, str, int, int]:
     from PIL import Image, UnidentifiedImageError
 
@@ -355,7 +381,10 @@ def _validate_image(path: Path, policy: InputPolicy, field: str) -> tuple[str, s
                 raise InputError(
                     field, f"image is {width}x{height}, more than the limit of {policy.max_pixels} pixels"
                 )
+            _check_size(width, height, policy, field, "image")
             img.load()  # decode fully: a truncated or corrupt file fails here
+            if img.mode != "RGB":
+                img.convert("RGB")  # what every family does with it: grayscale, palette, alpha, CMYK
             fmt = img.format or ""
             media_type = Image.MIME.get(fmt, f"image/{fmt.lower() or 'unknown'}")
     except InputError:
@@ -385,9 +414,14 @@ def _validate_av(
                     raise InputError(
                         field, f"video is {width}x{height}, more than the limit of {policy.max_pixels} pixels"
                     )
+                if width and height:
+                    _check_size(width, height, policy, field, "video")
             decoded = next(iter(container.decode(stream)), None)  # one frame proves the codec works
             if decoded is None:
                 raise InputError(field, f"has no decodable {role} frames")
+            if role == "video" and not (width and height):  # the container did not say: the frame does
+                width, height = decoded.width, decoded.height
+                _check_size(width, height, policy, field, "video")
             demuxer = (container.format.name or "").split(",")[0]
     except InputError:
         raise

@@ -173,10 +173,17 @@ def constrain(doc: dict[str, Any], model: ServedModel) -> dict[str, Any]:
         _set(props["height"], {"multipleOf": caps.size_multiple, "maximum": max_height})
         _set(props["fps"], {"enum": list(caps.fps)})
         _set(props["num_frames"], {"enum": frames})
-    lo, hi = caps.guidance_range
+    # Steps: what the model's sampler or any adapter's own takes (native: 1 to max_steps; dmd: its
+    # count); guidance: the server's range within the family's (the same for every sampler).
+    rules = [model.sampling, *model.adapter_sampling.values()]
+    lo, hi = model.sampling.guidance_range
+    if any(r.step_range[0] != r.step_range[1] for r in rules):
+        steps = {"minimum": 1, "maximum": max(r.step_range[1] for r in rules)}
+    else:
+        steps = {"enum": sorted({r.steps for r in rules})}
     for props in bodies:
         _set(props["guidance_scale"], {"minimum": lo, "maximum": hi})
-        _set(props["num_inference_steps"], {"enum": [model.steps]})
+        _set(props["num_inference_steps"], steps)
         for branch in props["seconds"]["anyOf"]:
             if branch.get("type") == "number":
                 branch["maximum"] = model.max_seconds

@@ -930,20 +930,21 @@ class Store:
                 out.append(finished - start)
         return out
 
-    def recent_stage_times(self, limit: int) -> list[tuple[dict[str, float], float]]:
-        """(stage_times, finished_at) of the newest succeeded shots that recorded stage times."""
+    def recent_stage_times(self, limit: int) -> list[tuple[dict[str, float], float, dict[str, Any]]]:
+        """(stage_times, finished_at, result) of the newest succeeded shots that recorded stage
+        times (the result: what their runs recorded, e.g. the steps and guidance they sampled)."""
         with self._read() as s:
             rows = s.execute(
-                select(Job.live, Job.finished_at)
+                select(Job.live, Job.finished_at, Job.result)
                 .where(Job.kind == "r2v", Job.status == "succeeded", Job.finished_at.is_not(None))
                 .order_by(Job.finished_at.desc())
                 .limit(limit)
             ).all()
         out = []
-        for live, finished in rows:
+        for live, finished, result in rows:
             times = (live or {}).get("stage_times") or {}
             if times:
-                out.append(({k: float(v) for k, v in times.items()}, finished))
+                out.append(({k: float(v) for k, v in times.items()}, finished, result or {}))
         return out
 
     def oldest_running_start(self) -> float | None:

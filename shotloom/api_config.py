@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MiB = 1024 * 1024
 
@@ -33,6 +33,21 @@ class InputPolicy(_Strict):
     )
     max_bytes: int = Field(default=50 * MiB, gt=0, description="Largest accepted resource (decoded).")
     max_pixels: int = Field(default=4096 * 4096, gt=0, description="Largest accepted image (width x height).")
+    # Measured on the tiny checkpoints: Wan VACE floors a reference image to the VAE's 8 px grid
+    # (a side under 8 becomes 0 and PIL fails), LTX-2 fails on 1x1, and a frame taken from a video
+    # becomes such a reference; a reference fitted inside the frame vanishes when its sides differ
+    # more than the frame's side in pixels. 16: twice what breaks, one latent pixel of Wan 2.2's 16x VAE.
+    min_side: int = Field(
+        default=16,
+        ge=1,
+        description="Smallest accepted width and height of an image or video, in pixels: anything "
+        "smaller cannot make a frame (refused with 400/422 naming the field, before anything is queued).",
+    )
+    max_aspect_ratio: float = Field(
+        default=32.0,
+        ge=1.0,
+        description="Largest accepted ratio of an image's or video's longer side to its shorter one.",
+    )
     fetch_timeout_seconds: float = Field(default=20.0, gt=0)
 
     def resolved(self, base: Path) -> InputPolicy:
@@ -88,6 +103,30 @@ class OpenAIConfig(_Strict):
         default=60.0, gt=0, description="A body that sends nothing for this long is 408 (its room freed)."
     )
     sweep_interval_s: float = Field(default=30.0, gt=0, description="How often expiry and eviction run.")
+
+
+class SamplingLimits(_Strict):
+    """What a request may ask of the sampler (``num_inference_steps``, ``guidance_scale``, both
+    dialects). A ``native`` sampler takes any step count from 1 to ``max_steps``; a ``dmd`` one its
+    own count only, whatever this says. Guidance: within ``guidance_scale`` and the model family's
+    own range."""
+
+    max_steps: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        description="Most denoising steps a request may ask of a native sampler.",
+    )
+    guidance_scale: tuple[float, float] = Field(
+        default=(1.0, 20.0), description="[min, max] guidance_scale a request may ask for."
+    )
+
+    @field_validator("guidance_scale")
+    @classmethod
+    def _ordered(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not 0 <= v[0] <= v[1]:
+            raise ValueError(f"must be [min, max] with 0 <= min <= max, got {list(v)}")
+        return v
 
 
 class AuthConfig(_Strict):
@@ -148,6 +187,7 @@ class ApiConfig(_Strict):
         default=100, ge=1, description="Queued jobs (per kind) past which POST answers 503."
     )
     inputs: InputPolicy = Field(default_factory=InputPolicy)
+    sampling: SamplingLimits = Field(default_factory=SamplingLimits)
     openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
 

@@ -162,7 +162,11 @@ class Capabilities:
 def check_sampling(sampler: Sampler, req: GenerationRequest, max_steps: int | None = None) -> None:
     """The request's step count against the sampler that will run it: a dmd sampler takes its own
     count only; a native one any from 1 to ``max_steps``."""
-    steps = req.num_inference_steps
+    check_steps(sampler, req.num_inference_steps, max_steps)
+
+
+def check_steps(sampler: Sampler, steps: int | None, max_steps: int | None = None) -> None:
+    """:func:`check_sampling` for a step count alone (None: the sampler's default)."""
     if steps is None:
         return
     if sampler.fixed_steps is not None and steps != sampler.fixed_steps:
@@ -171,4 +175,5 @@ def check_sampling(sampler: Sampler, req: GenerationRequest, max_steps: int | No
             f"this model samples with its distilled schedule of {sampler.fixed_steps} steps, got {steps}",
         )
     if steps < 1 or (max_steps is not None and steps > max_steps):
-        raise CapabilityError("num_inference_steps", f"must be within [1, {max_steps}], got {steps}")
+        most = f"within [1, {max_steps}]" if max_steps is not None else "at least 1"
+        raise CapabilityError("num_inference_steps", f"must be {most}, got {steps}")

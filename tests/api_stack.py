@@ -102,9 +102,13 @@ class ApiStack:
         return path.read_text()[-6000:] if path.exists() else f"(no {path.name})"
 
 
-def write_server_yaml(root: Path, checkpoint: Path, api: dict | None = None, **extra) -> tuple[Path, Path]:
-    """Server YAML for the tiny Wan checkpoint, 2 CPU workers, the API on a free port."""
-    inference = write_inference_yaml(root / "inference.yaml", "wan", checkpoint, root / "cache")
+def write_server_yaml(
+    root: Path, checkpoint: Path, api: dict | None = None, sampler: dict | None = None, **extra
+) -> tuple[Path, Path]:
+    """Server YAML for the tiny Wan checkpoint, 2 CPU workers, the API on a free port; ``sampler``:
+    the inference YAML's (default: dmd on four sigmas)."""
+    overrides = {"sampler": sampler} if sampler is not None else {}
+    inference = write_inference_yaml(root / "inference.yaml", "wan", checkpoint, root / "cache", **overrides)
     state = root / "state"
     state.mkdir(exist_ok=True)
     api = {"host": "127.0.0.1", "port": free_port(), **(api or {})}
@@ -138,9 +142,14 @@ def wait_ready(stack: ApiStack, timeout: float = 150, interval: float = 1) -> Ap
 
 
 def start_api_stack(
-    root: Path, checkpoint: Path, api: dict | None = None, authorization: str | None = None, **extra
+    root: Path,
+    checkpoint: Path,
+    api: dict | None = None,
+    authorization: str | None = None,
+    sampler: dict | None = None,
+    **extra,
 ) -> ApiStack:
-    config, state = write_server_yaml(root, checkpoint, api, **extra)
+    config, state = write_server_yaml(root, checkpoint, api, sampler, **extra)
     return wait_ready(launch(config, state, authorization))
 
 

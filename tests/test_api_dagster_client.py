@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from api import dagster_client
-from api.dagster_client import DagsterGateway, DagsterGatewayError, DagsterUnavailable, RunInfo
+from api.dagster_client import DagsterGateway, DagsterGatewayError, DagsterUnavailable, RunInfo, own_error
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +71,38 @@ TOY_DEFS = textwrap.dedent(
         boom()
 
 
+    def fit(width, height):  # deep in the engine, as PIL's resize is
+        if width <= 0 or height <= 0:
+            raise ValueError("height and width must be > 0")
+
+
+    class FitError(Exception):  # a project's own error type: its module path is not news to a client
+        pass
+
+
+    @op
+    def crash():
+        fit(0, 64)
+
+
+    @op
+    def reraise():
+        try:
+            fit(0, 64)
+        except ValueError as exc:
+            raise FitError("memory[0].image: a 1x1 image cannot make a 64x64 frame") from exc
+
+
+    @job(executor_def=in_process_executor)
+    def crash_job():
+        crash()
+
+
+    @job(executor_def=in_process_executor)
+    def reraise_job():
+        reraise()
+
+
     @op
     def sleepy():
         for _ in range(300):
@@ -82,7 +114,7 @@ TOY_DEFS = textwrap.dedent(
         sleepy()
 
 
-    defs = Definitions(jobs=[ok_job, fail_job, slow_job])
+    defs = Definitions(jobs=[ok_job, fail_job, crash_job, reraise_job, slow_job])
     """
 )
 
@@ -180,7 +212,7 @@ def test_ping_location_and_daemon_health(gateway):
     assert gateway.ping()
     loc = gateway.location()
     assert (loc.location_name, loc.repository_name) == ("toy", "__repository__")
-    assert set(loc.jobs) == {"ok_job", "fail_job", "slow_job"}
+    assert set(loc.jobs) == {"ok_job", "fail_job", "crash_job", "reraise_job", "slow_job"}
     # no daemon runs: the required daemons (sensor, scheduler, backfill, ...) have no heartbeat
     assert gateway.daemon_healthy() is False
     assert any(s.required and s.healthy is False for s in gateway.daemon_statuses())
@@ -285,6 +317,48 @@ def test_failed_run_reports_failure_and_retries_are_found(gateway, webserver, mo
     assert [r.run_id for r in gateway.find_runs_by_tag("shotloom/version", version)] == [retry_id, run_id]
     retry = wait_finished(gateway, [retry_id], log_path)[retry_id]
     assert retry.status == "FAILURE" and retry.error_summary() == "boom: the boom op failed on purpose"
+
+
+def test_a_failed_op_reports_its_own_error_not_dagsters_wrapper(gateway, webserver):
+    # An op that raises (no dagster Failure): Dagster records DagsterExecutionStepExecutionError
+    # ("Error occurred while executing op ...") with the op's exception as its cause.
+    _, log_path = webserver
+    crash_id = gateway.submit("crash_job", {}, {"shotloom/version": uuid.uuid4().hex})
+    reraise_id = gateway.submit("reraise_job", {}, {"shotloom/version": uuid.uuid4().hex})
+    runs = wait_finished(gateway, [crash_id, reraise_id], log_path)
+    crash, reraise = runs[crash_id], runs[reraise_id]
+    assert crash.status == reraise.status == "FAILURE"
+    [step] = crash.step_failures
+    assert step.class_name == "DagsterExecutionStepExecutionError" and step.description is None
+    assert "Error occurred while executing op" in step.message  # what clients were told before
+    assert step.cause == "ValueError: height and width must be > 0"
+    assert crash.error_summary() == "crash: ValueError: height and width must be > 0"
+    # The op's own error is the one it raised, not the innermost cause; without its module path.
+    assert (
+        reraise.error_summary() == "reraise: FitError: memory[0].image: a 1x1 image cannot make a 64x64 frame"
+    )
+    assert "Dagster" not in crash.error_summary() + reraise.error_summary()
+
+
+def test_own_error_reads_the_cause_chain():
+    wrapper = {
+        "message": "dagster._core.errors.DagsterExecutionStepExecutionError: "
+        'Error occurred while executing op "x":\n',
+        "className": "DagsterExecutionStepExecutionError",
+    }
+    assert own_error(None) is None and own_error({}) is None
+    assert own_error({**wrapper, "causes": [{"message": "KeyError: 'w'\n", "className": "KeyError"}]}) == (
+        "KeyError: 'w'"
+    )
+    assert own_error({**wrapper, "causes": [{"message": "RuntimeError\n", "className": "RuntimeError"}]}) == (
+        "RuntimeError"
+    )
+    # Dagster's own error with no cause under it is the error.
+    assert own_error({**wrapper, "causes": []}).startswith(
+        "DagsterExecutionStepExecutionError: Error occurred"
+    )
+    # A message that does not start with its class is kept whole.
+    assert own_error({"message": "worker lost", "className": "Exception"}) == "worker lost"
 
 
 def test_terminate_long_run(gateway, webserver):

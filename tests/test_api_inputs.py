@@ -16,15 +16,21 @@ import pytest
 from PIL import Image
 
 import api.inputs as api_inputs
-from api.inputs import InputError, copy_into_assets, resolve_resource
+from api.inputs import MEDIA_SIZE, InputError, copy_into_assets, resolve_resource
 from api.store import Store
-from shotloom.api_config import InputPolicy
+from shotloom.api_config import ApiConfig, InputPolicy
 from shotloom.media import write_mp4
 
 
-def _png_bytes(w: int = 16, h: int = 12) -> bytes:
+def _png_bytes(w: int = 16, h: int = 20) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(np.full((h, w, 3), 120, np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _image_bytes(mode: str, w: int, h: int, fmt: str = "PNG") -> bytes:
+    buf = io.BytesIO()
+    Image.new(mode, (w, h)).save(buf, format=fmt)
     return buf.getvalue()
 
 
@@ -75,7 +81,7 @@ def test_data_url_image_is_stored_content_addressed(tmp_path, assets):
     assert asset.sha256 == sha and asset.source == "data"
     assert asset.path == assets / sha[:2] / f"{sha}.png" and asset.path.read_bytes() == data
     assert asset.relative_path == f"{sha[:2]}/{sha}.png"
-    assert (asset.media_type, asset.width, asset.height, asset.bytes) == ("image/png", 16, 12, len(data))
+    assert (asset.media_type, asset.width, asset.height, asset.bytes) == ("image/png", 16, 20, len(data))
     assert store.get_input_asset(sha).path == asset.relative_path
     again = resolve_resource(_data_url(data), "image", InputPolicy(), assets, store)
     assert again.path == asset.path
@@ -112,6 +118,55 @@ def test_limits(assets):
     with pytest.raises(InputError, match="more than the limit of 1599 pixels"):
         resolve_resource(_data_url(data), "image", InputPolicy(max_pixels=1599), assets)
     assert resolve_resource(_data_url(data), "image", InputPolicy(max_pixels=1600), assets).width == 40
+
+
+def test_an_image_that_cannot_make_a_frame_is_refused_naming_the_field(assets):
+    # Measured in the engine: Wan VACE floors a reference image to its VAE's 8 px grid (a side
+    # under 8 is 0, and PIL fails: "height and width must be > 0"), LTX-2 fails on 1x1.
+    field = "memory_slots[0].image_url"
+    for w, h in ((1, 1), (2, 64), (64, 2), (15, 64)):
+        with pytest.raises(InputError) as e:
+            resolve_resource(_data_url(_image_bytes("L", w, h)), "image", InputPolicy(), assets, field=field)
+        assert (e.value.field, e.value.code) == (field, MEDIA_SIZE)
+        assert e.value.message == (
+            f"image is {w}x{h} pixels, too small to make a frame of: each side must be at least 16 pixels"
+        )
+    # Fitted inside a frame, a reference much longer than wide keeps less than a pixel of width.
+    with pytest.raises(InputError, match="too narrow .* at most 32 times its shorter one") as e:
+        resolve_resource(_data_url(_image_bytes("RGB", 16, 513)), "image", InputPolicy(), assets, field=field)
+    assert (e.value.field, e.value.code) == (field, MEDIA_SIZE)
+    assert (
+        resolve_resource(_data_url(_image_bytes("RGB", 16, 512)), "image", InputPolicy(), assets).height
+        == 512
+    )
+    assert (
+        resolve_resource(_data_url(_image_bytes("RGB", 16, 16)), "image", InputPolicy(), assets).width == 16
+    )
+    # Both limits are the server's: api.inputs.min_side and max_aspect_ratio.
+    loose = InputPolicy(min_side=1, max_aspect_ratio=64)
+    assert resolve_resource(_data_url(_image_bytes("L", 1, 1)), "image", loose, assets).width == 1
+    assert resolve_resource(_data_url(_image_bytes("RGB", 16, 1024)), "image", loose, assets).height == 1024
+    assert not list((assets / ".tmp").iterdir())
+
+
+def test_grayscale_palette_and_alpha_images_big_enough_are_accepted(assets):
+    for mode, fmt in (
+        ("L", "PNG"), ("1", "PNG"), ("P", "PNG"), ("RGBA", "PNG"), ("LA", "PNG"), ("I;16", "PNG"),
+        ("CMYK", "JPEG"), ("L", "JPEG"), ("RGBA", "WEBP"), ("P", "GIF"),
+    ):  # fmt: skip
+        asset = resolve_resource(_data_url(_image_bytes(mode, 24, 16, fmt)), "image", InputPolicy(), assets)
+        assert (asset.width, asset.height) == (24, 16), (mode, fmt)
+        with Image.open(asset.path) as im:
+            assert im.convert("RGB").size == (24, 16)  # what every family does with it
+
+
+def test_the_limits_are_server_config():
+    assert (InputPolicy().min_side, InputPolicy().max_aspect_ratio) == (16, 32.0)
+    inputs = ApiConfig.model_validate({"inputs": {"min_side": 64, "max_aspect_ratio": 4}}).inputs
+    assert (inputs.min_side, inputs.max_aspect_ratio) == (64, 4.0)
+    for bad in ({"min_side": 0}, {"max_aspect_ratio": 0.5}):
+        with pytest.raises(ValueError):
+            ApiConfig.model_validate({"inputs": bad})
 
 
 def test_local_paths_only_under_allowed_roots(tmp_path, assets, image_file):
@@ -232,6 +287,20 @@ def test_audio_and_video_are_probed(tmp_path, assets):
         resolve_resource(str(wav), "video", policy, assets)
     with pytest.raises(InputError, match="not a readable audio"):
         resolve_resource(_data_url(b"\x00garbage" * 50, "audio/wav"), "audio", InputPolicy(), assets)
+
+
+def test_a_video_that_cannot_make_a_frame_is_refused_naming_the_field(tmp_path, assets):
+    policy = InputPolicy(allowed_roots=[tmp_path])
+    narrow = tmp_path / "narrow.mp4"
+    write_mp4(narrow, np.zeros((3, 64, 2, 3), np.uint8), 8, None, None, preset="ultrafast")
+    with pytest.raises(InputError) as e:
+        resolve_resource(str(narrow), "video", policy, assets, field="video_url")
+    assert (e.value.field, e.value.code) == ("video_url", MEDIA_SIZE)
+    assert e.value.message.startswith("video is 2x64 pixels, too small to make a frame of")
+    assert resolve_resource(str(narrow), "audio", policy, assets).role == "audio"  # its sound is fine
+    ok = tmp_path / "ok.mp4"
+    write_mp4(ok, np.zeros((3, 16, 16, 3), np.uint8), 8, None, None, preset="ultrafast")
+    assert resolve_resource(str(ok), "video", policy, assets).width == 16
 
 
 def test_copy_into_assets_trusts_server_files(tmp_path, assets, image_file):

@@ -13,8 +13,10 @@ from PIL import Image
 from api.core.jobs import JobService
 from api.r2v.protocol import MergeRequest, R2VRequest
 from api.r2v.serving import ApiError, R2VServing
+from api.r2v.views import version_response
 from api.store import Store
 from shotloom.api_config import ApiConfig
+from shotloom.config import Sampler
 from shotloom.media import write_mp4
 
 WAN_LIKE = {  # what a tiny Wan VACE worker publishes
@@ -46,7 +48,7 @@ def store(tmp_path) -> Store:
     s.close()
 
 
-def make_intake(tmp_path, store, caps=None, **api) -> tuple[R2VServing, list[int]]:
+def make_intake(tmp_path, store, caps=None, sampler_for=None, **api) -> tuple[R2VServing, list[int]]:
     """The R2V dialect's serving layer on a real job service."""
     pokes: list[int] = []
     jobs = JobService(
@@ -56,6 +58,7 @@ def make_intake(tmp_path, store, caps=None, **api) -> tuple[R2VServing, list[int
         tmp_path / "media",
         on_accept=lambda: pokes.append(1),
         capabilities=lambda: caps,
+        sampler_for=sampler_for,
     )
     return R2VServing(jobs), pokes
 
@@ -225,3 +228,43 @@ def test_a_shot_is_followed_by_its_stills_and_an_extension_by_its_stitching(tmp_
     }
     validate_run_config(defs.get_job_def(name), config)
     assert stitch["config"]["inputs"] == ["/m/source.mp4"]  # the stored step is left as it was
+
+
+def test_r2v_steps_and_guidance_are_honoured_within_the_servers_limits_and_the_samplers(tmp_path, store):
+    native = Sampler(mode="native", steps=3, guidance_scale=1.0)
+    draft = Sampler(mode="dmd", sigmas=[1.0, 0.5])  # a distill adapter's own: 2 steps
+    limits = {"max_steps": 10, "guidance_scale": [1.0, 8.0]}
+    intake, _ = make_intake(
+        tmp_path,
+        store,
+        caps={**WAN_LIKE, "adapters": ["draft"]},
+        sampler_for=lambda adapter: draft if adapter == "draft" else native,
+        sampling=limits,
+    )
+    job = intake.accept_r2v(r2v(num_inference_steps=10, guidance_scale=7.5), None).job
+    config = job.request["run_config"]["ops"]["condition_op"]["config"]
+    assert (config["num_inference_steps"], config["guidance_scale"]) == (10, 7.5)
+    # GET /version says what it runs with: asked, else its sampler's default.
+    view = version_response(job, None, [], "http://x", intake.jobs.sampler_for)
+    assert (view.num_inference_steps, view.guidance_scale, view.sampler_mode) == (10, 7.5, "native")
+    job = intake.accept_r2v(r2v(shot_id="t"), None).job
+    view = version_response(job, None, [], "http://x", intake.jobs.sampler_for)
+    assert (view.num_inference_steps, view.guidance_scale, view.sampler_mode) == (3, 1.0, "native")
+    job = intake.accept_r2v(r2v(shot_id="u", lora={"name": "draft"}, num_inference_steps=2), None).job
+    view = version_response(job, None, [], "http://x", intake.jobs.sampler_for)
+    assert (view.num_inference_steps, view.sampler_mode) == (2, "dmd")
+
+    for fields, field, words in (
+        ({"num_inference_steps": 11}, "num_inference_steps", "within [1, 10]"),
+        ({"guidance_scale": 8.5}, "guidance_scale", "within [1, 8]"),
+        ({"lora": {"name": "draft"}, "num_inference_steps": 3}, "num_inference_steps", "of 2 steps"),
+    ):
+        err = refused(lambda f=fields: intake.accept_r2v(r2v(shot_id="v", **f), None), 422)
+        assert err.field == field and words in err.message, err.body()
+        assert err.body()["error"].startswith(f"{field}: ")
+
+    # Before any worker has loaded the model the server's limits still hold.
+    early, _ = make_intake(tmp_path, store, sampler_for=lambda adapter: native, sampling=limits)
+    assert refused(lambda: early.accept_r2v(r2v(num_inference_steps=11), None), 422).field == (
+        "num_inference_steps"
+    )

@@ -127,6 +127,11 @@ def test_seven_slots_allowed_eight_rejected():
         ({"callback_context": [1]}, "callback_context"),
         ({"surprise": 1}, "surprise"),
         ({"work_id": ""}, "work_id"),
+        ({"num_inference_steps": 0}, "num_inference_steps"),
+        ({"num_inference_steps": "8"}, "num_inference_steps"),
+        ({"num_inference_steps": 8.0}, "num_inference_steps"),
+        ({"guidance_scale": "2"}, "guidance_scale"),
+        ({"guidance_scale": -1}, "guidance_scale"),
     ],
 )
 def test_strict_fields(over, field):

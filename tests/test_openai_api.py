@@ -1,5 +1,6 @@
 """The OpenAI-compatible video API (/v1), driven by the official ``openai`` SDK and by raw HTTP,
-on the whole stack started by server.py (2 CPU workers, the tiny Wan checkpoint).
+on the whole stack started by server.py (2 CPU workers, the tiny Wan checkpoint sampled natively,
+as its authors would: its own UniPC scheduler, 3 steps by default; a distill adapter samples dmd).
 
 One stack for the module; tests run in file order. Every finished video is downloaded and decoded
 back (MP4 with PyAV, stills with Pillow).
@@ -47,10 +48,16 @@ def stack(tmp_path_factory, wan_checkpoint) -> ApiStack:
     from shotloom.families.weights import build_tiny_lora
 
     root = tmp_path_factory.mktemp("openai")
-    # Two LoRA adapters listed in the server YAML (real diffusers LoRA files, random weights).
+    # LoRA adapters listed in the server YAML (real diffusers LoRA files, random weights); the last
+    # a distill LoRA with its own sampler (2 dmd steps), as a 4-step draft adapter would be.
     adapters = [
         {"name": "anime", "path": str(build_tiny_lora(wan_checkpoint, root / "anime", seed=1))},
         {"name": "noir", "path": str(build_tiny_lora(wan_checkpoint, root / "noir", seed=2)), "scale": 0.5},
+        {
+            "name": "draft",
+            "path": str(build_tiny_lora(wan_checkpoint, root / "draft", seed=3)),
+            "sampler": {"mode": "dmd", "sigmas": [1.0, 0.5]},
+        },
     ]
     keys = root / "keys.yaml"
     keys.write_text(yaml.safe_dump({"studio-a": KEY, "studio-b": "sk-other-9876543210"}))
@@ -67,9 +74,11 @@ def stack(tmp_path_factory, wan_checkpoint) -> ApiStack:
                 "sync_timeout_seconds": 10,
             },
             "auth": {"key_file": str(keys)},
+            "sampling": {"max_steps": 8},  # guidance: the default [1, 20], within Wan's [1, 10]
         },
         authorization=KEY,
         adapters=adapters,
+        sampler={"mode": "native", "steps": 3, "guidance_scale": 1.0},
     )
     yield s
     stop_api_stack(s)
@@ -97,12 +106,11 @@ def wait_status(stack: ApiStack, vid: str, statuses: tuple[str, ...], timeout: f
 
 def test_models_list_and_retrieve(client):
     models = client.models.list()
-    assert [m.id for m in models.data] == [MODEL, "anime", "noir"]  # the model, then its adapters
+    assert [m.id for m in models.data] == [MODEL, "anime", "noir", "draft"]  # the model, then its adapters
     assert models.data[2].model_extra["parent"] == MODEL
-    assert models.data[0].model_extra["adapters"] == [
-        {"name": "anime", "scale": 1.0},
-        {"name": "noir", "scale": 0.5},
-    ]
+    adapters = models.data[0].model_extra["adapters"]
+    assert adapters[:2] == [{"name": "anime", "scale": 1.0}, {"name": "noir", "scale": 0.5}]
+    assert adapters[2]["name"] == "draft" and adapters[2]["sampling"]["mode"] == "dmd"
     card = client.models.retrieve(MODEL)
     assert card.id == MODEL and card.owned_by == "shotloom"
     with pytest.raises(openai.NotFoundError) as info:
@@ -239,7 +247,12 @@ def test_json_body_means_what_the_form_means(stack):
         ({"prompt": "x", "fps": 24}, 400, "fps"),
         ({"prompt": "x", "seed": 2**32}, 400, "seed"),
         ({"prompt": "x", "num_inference_steps": 50}, 400, "num_inference_steps"),
+        ({"prompt": "x", "num_inference_steps": 9}, 400, "num_inference_steps"),  # past max_steps (8)
+        ({"prompt": "x", "num_inference_steps": 0}, 400, "num_inference_steps"),
+        ({"prompt": "x", "model": "draft", "num_inference_steps": 3}, 400, "num_inference_steps"),
+        ({"prompt": "x", "lora": {"name": "draft"}, "num_inference_steps": 3}, 400, "num_inference_steps"),
         ({"prompt": "x", "guidance_scale": 1000}, 400, "guidance_scale"),
+        ({"prompt": "x", "guidance_scale": 10.5}, 400, "guidance_scale"),  # past Wan's 10
         ({"prompt": "x", "negative_prompt": "blur"}, 400, "negative_prompt"),
         ({"prompt": "x", "image_reference": [{"file_id": "file-1"}]}, 400, "image_reference[0].file_id"),
         (
@@ -458,6 +471,177 @@ def test_a_failed_job_answers_500_with_its_error(client, stack):
     assert error["code"] == "generation_failed" and error["status"] == 500 and error["message"]
     with pytest.raises(openai.InternalServerError):
         client.videos.retrieve(video.id)
+
+
+# -- inputs that cannot make a frame; a run that fails --------------------------------------------
+def image_bytes(mode: str, width: int, height: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new(mode, (width, height), 90 if mode in ("L", "P") else None).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def mp4_bytes(tmp_path, width: int, height: int) -> bytes:
+    from shotloom.media import write_mp4
+
+    path = tmp_path / f"{width}x{height}.mp4"
+    write_mp4(path, np.full((5, height, width, 3), 90, np.uint8), 16, None, None, preset="ultrafast")
+    return path.read_bytes()
+
+
+def b64(data: bytes, mime: str) -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
+
+
+def jobs_in_store(stack: ApiStack) -> int:
+    from api.store import Store
+
+    store = Store(f"sqlite:///{stack.state / 'api' / 'service.sqlite'}", create=False)
+    try:
+        return sum(sum(store.counts_by_status(kind).values()) for kind in ("r2v", "merge"))
+    finally:
+        store.close()
+
+
+def test_inputs_too_small_to_make_a_frame_are_refused_on_every_route(stack, tmp_path):
+    """Issue 22.7: measured before, a 1x1 grayscale PNG on /v1/images/edits was accepted and failed
+    in condition_op ("height and width must be > 0"). Now every route refuses an image or video
+    with a side under api.inputs.min_side (16) at admission, naming the field; nothing is queued."""
+    dot, sliver = image_bytes("L", 1, 1), image_bytes("RGB", 2, 64)
+    narrow = mp4_bytes(tmp_path, 2, 64)  # H.264 takes it; no frame of the model's can be made of it
+    before = jobs_in_store(stack)
+    dot_png, narrow_mp4 = ("dot.png", dot, "image/png"), ("narrow.mp4", narrow, "video/mp4")
+    dot_url, sliver_url, narrow_url = (
+        b64(dot, "image/png"),
+        b64(sliver, "image/png"),
+        b64(narrow, "video/mp4"),
+    )
+
+    def form(files: dict, **data: str) -> dict:
+        return {"files": files, "data": data}
+
+    def body(**fields) -> dict:
+        return {"json": {"prompt": "x", **fields}}
+
+    def guided(file: tuple) -> dict:
+        return {"files": guide_form([{"file": "guide_0", "frame": 0}], {"guide_0": file})}
+
+    v1 = [  # (what is posted, where, the field named)
+        (form({"image": dot_png}, prompt="x"), "/v1/images/edits", "image"),
+        (form({"input_reference": dot_png}, prompt="x"), "/v1/videos", "input_reference"),
+        (body(input_reference=dot_url), "/v1/videos", "input_reference"),
+        (body(first_frame=sliver_url), "/v1/videos", "first_frame"),
+        (body(image_reference=[{"image_url": dot_url}]), "/v1/videos", "image_reference[0].image_url"),
+        (body(video_url=narrow_url), "/v1/videos", "video_url"),
+        (body(video_url=narrow_url), "/v1/videos/sync", "video_url"),
+        (form({"video": narrow_mp4}, prompt="x"), "/v1/videos/edits", "video"),
+        (form({"video": narrow_mp4}, prompt="x"), "/v1/videos/extensions", "video"),
+        (form({"video": narrow_mp4}, name="x"), "/v1/videos/characters", "video"),
+        (guided(narrow_mp4), "/v1/videos", "guides[0]"),
+        (guided(dot_png), "/v1/videos", "guides[0]"),
+    ]  # fmt: skip
+    for request, path, param in v1:
+        resp = stack.client.post(stack.base + path, **request)
+        assert resp.status_code == 400, (path, param, resp.text)
+        error = resp.json()["error"]
+        assert (error["param"], error["code"], error["type"]) == (
+            param,
+            "invalid_media_size",
+            "invalid_request_error",
+        )
+        assert (
+            "pixels, too small to make a frame of: each side must be at least 16 pixels" in error["message"]
+        )
+    # The r2v dialect: its own status for invalid input (422) and body, naming its field.
+    r2v = {"work_id": "w", "shot_id": "tiny", "prompt": "x", "memory_slots": []}
+    for shot, field in (
+        ({**r2v, "condition_img": dot_url}, "condition_img"),
+        ({**r2v, "memory_slots": [{"image_url": sliver_url}]}, "memory_slots[0].image_url"),
+        ({**r2v, "memory_slots": [{"video_url": narrow_url}]}, "memory_slots[0].video_url"),
+    ):
+        resp = stack.post("/r2v", shot)
+        assert resp.status_code == 422, resp.text
+        assert (
+            resp.json()["detail"][0]["field"] == field and "too small to make a frame" in resp.json()["error"]
+        )
+    resp = stack.post("/merge", {"work_id": "w", "shots": [{"video_url": narrow_url}]})
+    assert resp.status_code == 422 and resp.json()["detail"][0]["field"] == "shots[0].video_url", resp.text
+    assert jobs_in_store(stack) == before  # nothing was queued
+
+
+def test_grayscale_palette_and_alpha_images_big_enough_make_a_picture(client):
+    # The measured case's mode at a size that makes a frame: converted, as every family does.
+    edited = client.images.edit(
+        image=("grey.png", image_bytes("L", 16, 16), "image/png"), prompt="x", size="64x64"
+    )
+    assert Image.open(io.BytesIO(base64.b64decode(edited.data[0].b64_json))).size == (64, 64)
+    video = client.videos.create_and_poll(
+        prompt="a kite",
+        size="64x64",
+        seconds="0.5",
+        input_reference=("palette.png", image_bytes("P", 24, 16), "image/png"),
+        extra_body={"image_reference": [{"image_url": b64(image_bytes("LA", 16, 40), "image/png")}]},
+        poll_interval_ms=300,
+    )
+    assert video.status == "completed", video.error
+
+
+def corrupt_video_bytes(tmp_path) -> bytes:
+    """A PNG-coded QuickTime video whose third frame is garbage: its first frame decodes (admission
+    passes), the run's decode of the whole video fails."""
+    from fractions import Fraction
+
+    import av
+
+    path = tmp_path / "corrupt.mov"
+    with av.open(str(path), "w", format="mov") as out:
+        stream = out.add_stream("png", rate=16)
+        stream.width = stream.height = 64
+        stream.pix_fmt = "rgb24"
+        for i in range(5):
+            frame = av.VideoFrame.from_ndarray(np.full((64, 64, 3), 40 * i, np.uint8), format="rgb24")
+            frame.pts, frame.time_base = i, Fraction(1, 16)
+            for packet in stream.encode(frame):
+                if i == 2:
+                    garbage = av.Packet(b"\x00garbage" * 40)
+                    garbage.pts, garbage.dts, garbage.time_base = packet.pts, packet.dts, packet.time_base
+                    garbage.stream = stream
+                    packet = garbage
+                out.mux(packet)
+        out.mux(stream.encode())
+    return path.read_bytes()
+
+
+def test_a_run_that_fails_tells_the_client_the_ops_own_error(stack, tmp_path):
+    """Issue 22.7: a failure inside a run reaches the client as the op's own error, not Dagster's
+    DagsterExecutionStepExecutionError ("Error occurred while executing op ..."), in both dialects."""
+    source = b64(corrupt_video_bytes(tmp_path), "video/quicktime")
+    v1 = stack.post(
+        "/v1/videos",
+        {"prompt": "from a broken video", "size": "64x64", "seconds": "0.5", "video_url": source},
+    )
+    assert v1.status_code == 200, v1.text  # admission decodes the first frame only
+    r2v = stack.post(
+        "/r2v",
+        {
+            "work_id": "w",
+            "shot_id": "broken",
+            "prompt": "x",
+            "num_frames": 9,
+            "memory_slots": [{"video_url": source}],
+        },
+    )
+    assert r2v.status_code in (200, 202), r2v.text
+    expected = "condition_op: CapabilityError: source_video: cannot read "
+    failed = wait_status(stack, v1.json()["id"], ("failed", "completed"), timeout=180)
+    assert failed["status"] == "failed"
+    resp = stack.get(f"/v1/videos/{v1.json()['id']}")
+    error = resp.json()["error"]
+    assert (resp.status_code, error["code"]) == (500, "generation_failed")
+    assert error["message"].startswith(expected) and "Invalid data found" in error["message"], error
+    assert "Dagster" not in error["message"] and "Error occurred while executing" not in error["message"]
+    version = stack.wait_version(r2v.json()["version_id"], timeout=180)
+    assert version["status"] == "failed"
+    assert version["error"].startswith(expected) and "Dagster" not in version["error"], version["error"]
 
 
 # -- video from video: remix and edit -------------------------------------------------------------
@@ -985,3 +1169,81 @@ def test_guide_refusals_name_the_field(stack, guides, files, param):
     error = resp.json()["error"]
     assert error["param"] == param, error
     assert error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_a_native_model_samples_the_steps_and_guidance_a_request_asks_for(client, stack):
+    """Issue 22: /v1 and /r2v choose steps and guidance within the server's limits; the job's
+    status and the shot's Dagster materialization record what it ran with."""
+    card = client.models.retrieve(MODEL).model_extra
+    assert card["sampling"]["mode"] == "native" and card["sampling"]["num_inference_steps"] == 3
+    assert card["sampling"]["limits"] == {
+        "num_inference_steps": {"min": 1, "max": 8},
+        "guidance_scale": {"min": 1.0, "max": 10.0},  # the server's [1, 20] within Wan's [1, 10]
+    }
+    assert client.models.retrieve("draft").model_extra["sampling"]["num_inference_steps"] == 2
+
+    asked = client.videos.create(
+        model=MODEL,
+        prompt="a kite over the dunes",
+        size="64x64",
+        seconds="1",
+        extra_body={"seed": 11, "num_inference_steps": 5, "guidance_scale": 2.0, "negative_prompt": "blur"},
+    )
+    draft = client.videos.create(
+        model="draft", prompt="a kite over the dunes", size="64x64", seconds="1", extra_body={"seed": 11}
+    )
+    shot = stack.post(
+        "/r2v",
+        {
+            "work_id": "sampling",
+            "shot_id": "s1",
+            "prompt": "a kite over the sea",
+            "memory_slots": [],
+            "num_inference_steps": 4,
+            "guidance_scale": 1.5,
+        },
+    )
+    assert shot.status_code == 202, shot.text
+    # Too many steps, guidance past the range, another count for the distill adapter: refused.
+    for body, field in (
+        ({"num_inference_steps": 9}, "num_inference_steps"),
+        ({"guidance_scale": 12.0}, "guidance_scale"),
+        ({"lora": {"name": "draft"}, "num_inference_steps": 4}, "num_inference_steps"),
+    ):
+        r2v = {"work_id": "sampling", "shot_id": "s2", "prompt": "x", "memory_slots": [], **body}
+        resp = stack.post("/r2v", r2v)
+        assert resp.status_code == 422 and resp.json()["detail"][0]["field"] == field, resp.text
+    resp = stack.post("/v1/videos/sync", {"prompt": "x", "size": "64x64", "num_inference_steps": 9})
+    assert (resp.status_code, resp.json()["error"]["param"]) == (400, "num_inference_steps"), resp.text
+    with pytest.raises(openai.BadRequestError) as info:
+        client.images.generate(prompt="a kite", size="64x64", extra_body={"num_inference_steps": 9})
+    assert info.value.body["param"] == "num_inference_steps"
+
+    done = client.videos.poll(asked.id, poll_interval_ms=300)
+    assert done.status == "completed", done.error
+    ext = done.model_extra["shotloom"]
+    assert (ext["steps"], ext["guidance_scale"], ext["sampler_mode"]) == (5, 2.0, "native")
+    version_id = ext["version_id"]
+    version = stack.get(f"/version/{version_id}").json()
+    assert (version["num_inference_steps"], version["guidance_scale"]) == (5, 2.0)
+    assert version["result"]["sampler"]["dit_calls_per_step"] == 2  # CFG: two DiT calls a step
+    metadata = [
+        m.metadata for r in stack.runs_of(version_id) for m in stack.gateway().materializations(r.run_id)
+    ]
+    recorded = next(m for m in metadata if "num_inference_steps" in m)
+    assert (recorded["num_inference_steps"], recorded["guidance_scale"]) == (5, 2.0)
+    assert recorded["sampler"]["mode"] == "native" and recorded["sampler"]["steps"] == 5
+
+    done = client.videos.poll(draft.id, poll_interval_ms=300)
+    assert done.status == "completed", done.error
+    ext = done.model_extra["shotloom"]
+    assert (ext["steps"], ext["guidance_scale"], ext["sampler_mode"]) == (2, 1.0, "dmd")
+
+    version = stack.wait_version(shot.json()["version_id"])
+    assert version["status"] == "succeeded", version["error"]
+    assert (version["num_inference_steps"], version["guidance_scale"], version["sampler_mode"]) == (
+        4,
+        1.5,
+        "native",
+    )
+    assert version["result"]["num_inference_steps"] == 4  # from the shot's materialization

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from uuid import uuid4
 
 import pytest
 from fastapi.testclient import TestClient
@@ -14,14 +15,16 @@ from pydantic import ValidationError
 
 from api.core.errors import InvalidField, NotFound, QueueFull
 from api.core.jobs import JobService
+from api.core.sampling import SamplingRule, job_sampling
 from api.core.specs import SourceRef
 from api.openai.errors import OpenAIError, validation_error
 from api.openai.forms import FormError, unflatten
 from api.openai.protocol import ServedModel, Video, VideoCreateRequest, VideoExtension, snap_frames
 from api.store import JobRecord, NewJob, Store
 from shotloom import stages
-from shotloom.api_config import ApiConfig
+from shotloom.api_config import ApiConfig, SamplingLimits
 from shotloom.capabilities import Capabilities
+from shotloom.config import Sampler
 
 WAN = Capabilities(
     max_reference_images=3,
@@ -42,8 +45,7 @@ MODEL = ServedModel(
     height=64,
     num_frames=17,
     fps=16,
-    steps=4,
-    guidance_scale=1.0,
+    sampling=SamplingRule.of(Sampler(), SamplingLimits(), WAN.guidance_range),
     max_seconds=15,
     max_width=1280,
     max_height=720,
@@ -145,8 +147,6 @@ def test_seconds_snap_up_to_the_frame_grid(seconds, fps, frames):
         ({"video_params": {"width": 72, "height": 64}}, "video_params.width"),
         ({"video_params": {"fps": 24}}, "video_params.fps"),
         ({"seconds": 16}, "seconds"),
-        ({"num_inference_steps": 8}, "num_inference_steps"),
-        ({"guidance_scale": 0.5}, "guidance_scale"),
         ({"negative_prompt": "blur"}, "negative_prompt"),
         ({"lora": {"name": "x"}}, "lora"),
         ({"video_path": "/x.mp4", "video_url": "http://x/a.mp4"}, "video_path"),
@@ -358,16 +358,19 @@ def _bare_app(tmp_path):
     api = ApiConfig()
     store = Store(f"sqlite:///{tmp_path / 's.sqlite'}")
     gateway = DagsterGateway("127.0.0.1", 9)
+    inference = load_inference_config(REPO_ROOT / "configs" / "inference.wan-tiny.yaml")
     ctx = ApiContext(
         api=api,
         store=store,
         gateway=gateway,
         follower=Follower(store, gateway, api, registry=None),
-        jobs=JobService(store, api, tmp_path / "state", tmp_path / "media"),
+        jobs=JobService(
+            store, api, tmp_path / "state", tmp_path / "media", sampler_for=inference.sampler_for
+        ),
         media_root=tmp_path / "media",
         worker_names=[],
         inference_config="configs/inference.wan-tiny.yaml",
-        inference=load_inference_config(REPO_ROOT / "configs" / "inference.wan-tiny.yaml"),
+        inference=inference,
         residency_policy="auto",
     )
     return TestClient(create_app(ctx)), ctx
@@ -712,4 +715,215 @@ def test_health_is_starting_then_ok_then_degraded_when_a_worker_is_gone(tmp_path
     assert get() == (200, "ok")
     monkeypatch.setattr(ctx.gateway, "daemon_healthy", lambda: False)
     assert get() == (503, "degraded")  # the daemon went away after the service was up
+    ctx.store.close()
+
+
+# -- issue 22: steps and guidance per request, within the sampler's and the server's limits -------
+NATIVE = Sampler(mode="native", steps=3, guidance_scale=1.0)
+DRAFT = Sampler(mode="dmd", sigmas=[1.0, 0.5])  # a distill adapter's own sampler: 2 steps
+
+
+def _sampling_jobs(tmp_path, base: Sampler = NATIVE) -> JobService:
+    limits = SamplingLimits(max_steps=8, guidance_scale=(1.0, 12.0))
+    return JobService(
+        Store(f"sqlite:///{tmp_path / 's.sqlite'}"),
+        ApiConfig(sampling=limits),
+        tmp_path / "state",
+        tmp_path / "media",
+        capabilities=lambda: dataclasses.asdict(dataclasses.replace(WAN, adapters=("draft", "anime"))),
+        sampler_for=lambda adapter: DRAFT if adapter == "draft" else base,
+    )
+
+
+def _sampling_model(jobs: JobService) -> ServedModel:
+    return dataclasses.replace(
+        MODEL,
+        sampling=jobs.sampling(None),
+        adapters={"draft": 1.0, "anime": 1.0},
+        adapter_sampling={"draft": jobs.sampling("draft")},
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"num_inference_steps": 9}, "num_inference_steps", "within [1, 8]"),  # the server's max_steps
+        ({"guidance_scale": 12.5}, "guidance_scale", "within [1, 12]"),  # the server's, inside WAN's 20
+        ({"guidance_scale": 0.5}, "guidance_scale", "within [1, 12]"),
+        # A distill adapter runs its own 2 steps: by lora or by the adapter's model id.
+        ({"num_inference_steps": 5, "lora": {"name": "draft"}}, "num_inference_steps", "of 2 steps, got 5"),
+        ({"num_inference_steps": 3, "model": "draft"}, "num_inference_steps", "adapter 'draft'"),
+    ],
+)
+def test_steps_and_guidance_outside_the_limits_are_400_naming_the_field(tmp_path, body, param, words):
+    jobs = _sampling_jobs(tmp_path)
+    req = VideoCreateRequest.model_validate({"prompt": "p", **body})
+    s = req.to_spec(_sampling_model(jobs), operator=None, uploads={}, version_id="a" * 32, seed=1)
+    with pytest.raises(InvalidField) as info:
+        jobs.accept_shot(s)
+    err = OpenAIError.from_service(info.value)
+    assert (err.status, err.param) == (400, param) and words in err.message, err.message
+    assert jobs.store.counts_by_status("r2v")["queued"] == 0  # nothing queued
+    jobs.store.close()
+
+
+def test_a_native_model_honours_the_requests_steps_and_guidance_into_the_run_config(tmp_path):
+    jobs = _sampling_jobs(tmp_path)
+    model = _sampling_model(jobs)
+
+    def accepted(body: dict, operator: dict | None = None) -> dict:
+        req = VideoCreateRequest.model_validate({"prompt": "p", **body})
+        op = VideoCreateRequest.model_validate({"prompt": "-", **operator}) if operator else None
+        s = req.to_spec(model, operator=op, uploads={}, version_id=uuid4().hex, seed=1)
+        return jobs.accept_shot(s).job
+
+    job = accepted({"num_inference_steps": 8, "guidance_scale": 2.0, "negative_prompt": "blur"})
+    config = job.request["run_config"]["ops"]["condition_op"]["config"]
+    assert (config["num_inference_steps"], config["guidance_scale"]) == (8, 2.0)
+    assert job_sampling(job, jobs.sampler_for) == {
+        "mode": "native",
+        "num_inference_steps": 8,
+        "guidance_scale": 2.0,
+    }
+    # Unasked: the run config leaves them to the sampler; the job reads its defaults.
+    job = accepted({})
+    config = job.request["run_config"]["ops"]["condition_op"]["config"]
+    assert "num_inference_steps" not in config and "guidance_scale" not in config
+    assert job_sampling(job, jobs.sampler_for)["num_inference_steps"] == 3
+    # The adapter's own count; the operator's default_request between the client and the preset.
+    job = accepted({"lora": {"name": "draft"}, "num_inference_steps": 2})
+    assert job_sampling(job, jobs.sampler_for) == {
+        "mode": "dmd",
+        "num_inference_steps": 2,
+        "guidance_scale": 1.0,
+    }
+    job = accepted({}, operator={"num_inference_steps": 6})
+    assert job.request["run_config"]["ops"]["condition_op"]["config"]["num_inference_steps"] == 6
+    # negative_prompt needs guidance: the adapter's default (1.0) has none.
+    with pytest.raises(InvalidField) as info:
+        accepted({"negative_prompt": "blur"})
+    assert info.value.field == "negative_prompt"
+    jobs.store.close()
+
+
+def test_a_distilled_model_refuses_any_other_step_count_whatever_the_limit(tmp_path):
+    jobs = _sampling_jobs(tmp_path, base=Sampler())  # dmd, 4 sigmas
+    model = _sampling_model(jobs)
+    for steps, refused in ((4, False), (3, True), (5, True)):
+        req = VideoCreateRequest.model_validate({"prompt": "p", "num_inference_steps": steps})
+        s = req.to_spec(model, operator=None, uploads={}, version_id=uuid4().hex, seed=1)
+        if refused:
+            with pytest.raises(InvalidField) as info:
+                jobs.accept_shot(s)
+            assert info.value.field == "num_inference_steps"
+            assert "distilled schedule of 4 steps" in info.value.message
+        else:
+            jobs.accept_shot(s)
+    jobs.store.close()
+
+
+def test_models_say_the_sampler_mode_defaults_and_limits_of_the_model_and_each_adapter(tmp_path):
+    client, ctx = _bare_app(tmp_path)  # the shipped tiny Wan: native 8 steps, CFG 5; a 4-step distill
+    cards = {card["id"]: card for card in client.get("/v1/models").json()["data"]}
+    native = {
+        "mode": "native",
+        "num_inference_steps": 8,
+        "guidance_scale": 5.0,
+        # No worker has published the family's guidance range yet: the server's api.sampling alone.
+        "limits": {
+            "num_inference_steps": {"min": 1, "max": 100},
+            "guidance_scale": {"min": 1.0, "max": 20.0},
+        },
+    }
+    base = cards["wan-tiny"]
+    assert base["sampling"] == native and base["defaults"]["num_inference_steps"] == 8
+    adapters = {a["name"]: a for a in base["adapters"]}
+    assert "sampling" not in adapters["wan-tiny-anime"]  # the model's sampler
+    draft = adapters["wan-tiny-distill"]["sampling"]
+    assert (draft["mode"], draft["num_inference_steps"], draft["guidance_scale"]) == ("dmd", 4, 1.0)
+    assert draft["limits"]["num_inference_steps"] == {"min": 4, "max": 4}
+    card = client.get("/v1/models/wan-tiny-distill").json()
+    assert card["parent"] == "wan-tiny" and card["sampling"] == draft
+    assert (card["defaults"]["num_inference_steps"], card["defaults"]["guidance_scale"]) == (4, 1.0)
+    assert client.get("/v1/models/wan-tiny-noir").json()["sampling"] == native
+    ctx.store.close()
+
+
+def test_a_jobs_status_says_the_steps_and_guidance_it_runs_with_and_its_eta_scales_with_them(tmp_path):
+    client, ctx = _bare_app(tmp_path)
+    store, now = ctx.store, time.time()
+    ctx.worker_names = ["cpu-0", "cpu-1", "cpu-2"]  # the three queued jobs start at once
+
+    def job(config: dict, **status):
+        run_config = {"ops": {"condition_op": {"config": {"prompt": "p", **config}}}}
+        new = NewJob(
+            kind="r2v",
+            work_id="w",
+            request={"run_config": run_config},
+            payload_hash=uuid4().hex,
+            dialect="openai",
+        )
+        made = store.accept(new).job
+        if status:
+            store.update_status(made.version_id, **status)
+        return made.version_id
+
+    # An earlier shot: 4 s inferring for 4 steps without guidance, 1 s a DiT call.
+    stamps = {"claimed": 0, "inferring": 1, "decoding": 5, "writing": 6, "succeeded": 7}
+    job(
+        {},
+        status="succeeded",
+        stage="succeeded",
+        live={"stage_times": {s: now - 100 + t for s, t in stamps.items()}},
+        result={"num_inference_steps": 4, "guidance_scale": 1.0, "sampler": {"mode": "native"}},
+    )
+    asked = job({"num_inference_steps": 12, "guidance_scale": 3.0})  # 24 DiT calls
+    draft = job({"lora": "wan-tiny-distill"})  # its adapter's sampler: 4 dmd steps, no guidance
+    default = job({})  # the model's: 8 native steps with CFG 5 (16 DiT calls)
+
+    def ext(version_id: str) -> dict:
+        return client.get(f"/v1/videos/video_{version_id}").json()["shotloom"]
+
+    def summary(e: dict) -> tuple:
+        return e["steps"], e["guidance_scale"], e["sampler_mode"], e["eta_s"]
+
+    # Queued: the ETA is the stages' medians with inferring at the job's own DiT calls.
+    assert summary(ext(asked)) == (12, 3.0, "native", 1 + 24 + 1 + 1)
+    assert summary(ext(draft)) == (4, 1.0, "dmd", 1 + 4 + 1 + 1)
+    assert summary(ext(default)) == (8, 5.0, "native", 1 + 16 + 1 + 1)
+    # What the run recorded wins once it succeeded; GET /version says the same.
+    store.update_status(
+        asked,
+        status="succeeded",
+        stage="succeeded",
+        result={"num_inference_steps": 12, "guidance_scale": 3.0, "sampler": {"mode": "native"}},
+    )
+    assert summary(ext(asked))[:3] == (12, 3.0, "native")
+    version = client.get(f"/version/{asked}").json()
+    assert (version["num_inference_steps"], version["guidance_scale"], version["sampler_mode"]) == (
+        12,
+        3.0,
+        "native",
+    )
+    ctx.store.close()
+
+
+def test_the_v1_document_gives_the_step_counts_and_guidance_the_samplers_take(tmp_path):
+    from api.openapi import constrain
+
+    client, ctx = _bare_app(tmp_path)
+    doc = client.get("/v1/openapi.json").json()  # no worker yet: unconstrained
+
+    def limits(model: ServedModel) -> tuple[dict, dict]:
+        props = constrain(doc, model)["components"]["schemas"]["VideoCreateRequest"]["properties"]
+        (steps,) = [b for b in props["num_inference_steps"]["anyOf"] if b.get("type") == "integer"]
+        (guidance,) = [b for b in props["guidance_scale"]["anyOf"] if b.get("type") == "number"]
+        return steps, guidance
+
+    native = _sampling_model(_sampling_jobs(tmp_path / "native"))
+    steps, guidance = limits(native)
+    assert (steps["minimum"], steps["maximum"]) == (1, 8)  # the distill adapter's 2 is inside
+    assert (guidance["minimum"], guidance["maximum"]) == (1.0, 12.0)
+    distilled = _sampling_model(_sampling_jobs(tmp_path / "dmd", base=Sampler()))
+    assert limits(distilled)[0]["enum"] == [2, 4]  # the model's 4 steps, the adapter's 2
     ctx.store.close()

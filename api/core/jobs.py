@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from api.core.errors import Conflict, InvalidField, NotFound, QueueFull, Unavailable
+from api.core.sampling import SamplerFor, SamplingRule, dit_calls
 from api.core.specs import GuideRef, InputRef, MemoryRef, MergeSpec, ShotSpec, SourceRef
 from api.core.steps import MERGE_JOB, R2V_JOB, stills_step, stitch_step
 from api.core.timing import stage_durations, stage_medians
-from api.inputs import InputAsset, InputError, Role, copy_into_assets, resolve_resource
+from api.inputs import MEDIA_SIZE, InputAsset, InputError, Role, copy_into_assets, resolve_resource
 from api.references import InProcessReferences, ReferenceTaker, kept_reference
 from api.store import (
     FINISHED,
@@ -41,7 +42,7 @@ from orchestration.queue_control import QueueControl
 from shotloom import stages
 from shotloom.api_config import ApiConfig
 from shotloom.capabilities import Capabilities, CapabilityError
-from shotloom.config import Defaults
+from shotloom.config import Defaults, Sampler
 from shotloom.media_store import LocalMediaStore
 from shotloom.request import GenerationRequest, Guide, MemorySlot
 
@@ -71,7 +72,9 @@ class JobService:
 
     ``capabilities`` returns what the loaded model can do, as the device workers publish it (None
     until one has loaded it). ``defaults`` are the inference YAML's, which fill what a request
-    leaves out. ``terminate`` cancels a Dagster run (the follower's gateway).
+    leaves out; ``sampler_for`` gives the sampler a request with an adapter (or none) runs with
+    (the inference YAML's ``sampler_for``; default: a dmd sampler with the default sigmas).
+    ``terminate`` cancels a Dagster run (the follower's gateway).
     """
 
     def __init__(
@@ -86,6 +89,7 @@ class JobService:
         terminate: Callable[[str], bool] | None = None,
         assets_dir: Path | None = None,
         references: ReferenceTaker | None = None,
+        sampler_for: SamplerFor | None = None,
     ):
         self.store = store
         self.api = api
@@ -95,6 +99,8 @@ class JobService:
         self.on_accept = on_accept or (lambda: None)
         self.published_capabilities = capabilities
         self.defaults = defaults or Defaults()
+        default_sampler = Sampler()
+        self.sampler_for: SamplerFor = sampler_for or (lambda _adapter: default_sampler)
         self.terminate = terminate
         # Frames and sound taken from videos: on a media worker (through Dagster) in the service.
         self.references = references or InProcessReferences(self.media)
@@ -103,6 +109,28 @@ class JobService:
     # -- shared steps ---------------------------------------------------------------------------
     def capabilities(self) -> Capabilities | None:
         return capabilities_from(self.published_capabilities())
+
+    def sampling(self, adapter: str | None, caps: Capabilities | None = None) -> SamplingRule:
+        """What a request with ``adapter`` (or none) may ask of its sampler: the adapter's own
+        sampler or the model's, under the server's ``api.sampling`` limits and (once a worker has
+        published them) the family's guidance range."""
+        caps = caps if caps is not None else self.capabilities()
+        return SamplingRule.of(
+            self.sampler_for(adapter), self.api.sampling, caps.guidance_range if caps else None
+        )
+
+    def check_sampling(self, spec: ShotSpec, caps: Capabilities | None) -> None:
+        """The steps and guidance a shot asks for, against the sampler that will run it (its
+        adapter's, or the model's) and the server's limits; the refusal names the client's field."""
+        rule = self.sampling(spec.lora, caps)
+        try:
+            rule.check(spec.num_inference_steps, spec.guidance_scale)
+        except CapabilityError as exc:
+            message = exc.message
+            own = spec.lora is not None and rule.sampler is not self.sampler_for(None)
+            if own and exc.field == "num_inference_steps":
+                message += f" (the adapter {spec.lora!r} has its own sampler)"
+            raise InvalidField(message, self._client_field(spec, exc.field)) from None
 
     def replay(self, job_id: str | None, kind: JobKind, digest: str) -> JobRecord | None:
         """The original job for a repeated ``job_id`` with the same payload; Conflict otherwise."""
@@ -137,7 +165,7 @@ class JobService:
                 ref.value or "", role, self.api.inputs, self.assets_dir, self.store, field=ref.field
             )
         except InputError as exc:
-            raise InvalidField(exc.message, exc.field) from None
+            raise InvalidField(exc.message, exc.field, code=exc.code) from None
 
     def _accept(self, new: NewJob) -> Accepted:
         try:
@@ -175,12 +203,16 @@ class JobService:
             return Accepted(replay, False)
         self.check_queue("r2v")
         caps = self.capabilities()
+        self.check_sampling(spec, caps)
         if caps is not None:
             self.check_capabilities(spec, caps)
 
         inputs: dict[str, Any] = {}
         config: dict[str, Any] = {"work_id": spec.work_id, "shot_id": spec.shot_id, "prompt": spec.prompt}
-        for key in ("negative_prompt", "seed", "width", "height", "num_frames", "fps", "guidance_scale"):
+        for key in (
+            "negative_prompt", "seed", "width", "height", "num_frames", "fps", "guidance_scale",
+            "num_inference_steps",
+        ):  # fmt: skip
             if getattr(spec, key) is not None:
                 config[key] = getattr(spec, key)
         for key in ("first_frame", "last_frame"):
@@ -310,15 +342,19 @@ class JobService:
 
     def _guide_asset(self, ref: GuideRef) -> InputAsset:
         """A guide's file stored content-addressed: a sound for kind audio; an image, else a video,
-        for kind video."""
+        for kind video (one whose size cannot make a frame is refused as such)."""
         if ref.kind == "audio":
             return self.resolve(ref.file, "audio")
         try:
             return self.resolve(ref.file, "image")
         except InvalidField as not_image:
+            if not_image.code == MEDIA_SIZE:
+                raise
             try:
                 return self.resolve(ref.file, "video")
             except InvalidField as not_video:
+                if not_video.code == MEDIA_SIZE:
+                    raise
                 raise InvalidField(
                     f"neither an image ({not_image.message}) nor a video ({not_video.message})", ref.field
                 ) from None
@@ -343,11 +379,13 @@ class JobService:
             num_frames=spec.num_frames or d.num_frames,
             fps=spec.fps or d.fps,
             seed=0,
+            # Unset: the default of the sampler that will run it, as the engine resolves it.
             guidance_scale=(
                 spec.guidance_scale
                 if spec.guidance_scale is not None
-                else min(max(1.0, caps.guidance_range[0]), caps.guidance_range[1])
+                else self.sampler_for(spec.lora).guidance_scale
             ),
+            num_inference_steps=spec.num_inference_steps,
             first_frame=here if spec.first_frame or spec.extends else None,
             last_frame=here if spec.last_frame else None,
             # An extension has its source in memory too (counted against the family's limit).
@@ -515,6 +553,8 @@ class JobService:
                 audio = copy_into_assets(
                     taken.audio, "audio", self.api.inputs, self.assets_dir, self.store, field=field
                 )
+        except InputError as exc:  # checked like a client's (its video passed, so they rarely fail)
+            raise InvalidField(exc.message, exc.field, code=exc.code) from None
         finally:
             taken.release()
         return images, audio, taken.video_frames
@@ -715,8 +755,21 @@ class JobService:
 
     def stage_seconds(self) -> dict[str, float]:
         """The median duration of each stage over recent finished jobs ({} before the first)."""
+        return self.stage_timing()[0]
+
+    def stage_timing(self) -> tuple[dict[str, float], float | None]:
+        """(the median duration of each stage, the median seconds of the inferring stage per DiT
+        call) over recent finished shots: denoising costs a DiT call per step, two with guidance
+        above 1, so a job's inferring time is its own calls at that rate. ({}, None) before the
+        first; None also while none has recorded its steps and guidance.)"""
         recent = self.store.recent_stage_times(DURATION_SAMPLES)
-        return stage_medians([stage_durations(times, end) for times, end in recent])
+        durations = [stage_durations(times, end) for times, end, _ in recent]
+        per_call = []
+        for took, (_, _, result) in zip(durations, recent, strict=True):
+            steps, guidance = result.get("num_inference_steps"), result.get("guidance_scale")
+            if steps and guidance is not None and stages.INFERRING in took:
+                per_call.append(took[stages.INFERRING] / dit_calls(int(steps), float(guidance)))
+        return stage_medians(durations), statistics.median(per_call) if per_call else None
 
     def retry_after_s(self) -> int:
         """The median job time less the running job's elapsed time, at least 2 s (60 before the

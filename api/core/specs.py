@@ -73,6 +73,7 @@ class ShotSpec:
     num_frames: int | None = None
     fps: int | None = None
     guidance_scale: float | None = None
+    num_inference_steps: int | None = None
     first_frame: InputRef | None = None
     last_frame: InputRef | None = None
     memory: tuple[MemoryRef, ...] = ()

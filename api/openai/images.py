@@ -27,6 +27,8 @@ from api.store import JobRecord
 
 IMAGE_DIALECT = "images"
 IMAGE_PREFIX = "img_"
+# The fields of an image request that a one-frame video request takes as they are.
+AS_VIDEO = {"prompt", "model", "size", "negative_prompt", "guidance_scale", "num_inference_steps", "lora"}
 
 
 class ImageRequest(_Strict):
@@ -42,10 +44,13 @@ class ImageRequest(_Strict):
     seed: int | None = Field(default=None, ge=0, lt=MAX_SEED, description="The first image's; then +1 each.")
     negative_prompt: str | None = Field(default=None, max_length=20_000)
     guidance_scale: float | None = Field(default=None, ge=0, le=100)
+    num_inference_steps: int | None = Field(
+        default=None, gt=0, le=100_000, description="As on /v1/videos: within the model's limits."
+    )
     lora: LoraSelector | None = None
     user: str | None = Field(default=None, description="Accepted and not used.")
 
-    @field_validator("n", "seed", mode="before")
+    @field_validator("n", "seed", "num_inference_steps", mode="before")
     @classmethod
     def _form_int(cls, v: Any) -> Any:
         return int(v) if isinstance(v, str) and v.strip().isdigit() else v
@@ -94,7 +99,7 @@ class ImageServing:
         specs = []
         for i in range(req.n):
             fields = req.model_dump(
-                include={"prompt", "model", "size", "negative_prompt", "guidance_scale", "lora"},
+                include=AS_VIDEO,
                 exclude_none=True,
             )
             video = VideoCreateRequest.model_validate(

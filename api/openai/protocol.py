@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.core.errors import InvalidField, NotFound
+from api.core.sampling import SamplingRule
 from api.core.specs import GuideRef, InputRef, MemoryRef, ShotSpec, SourceRef
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.guides import anchor
@@ -121,8 +122,18 @@ class VideoCreateRequest(_Strict):
     seed: int | None = Field(
         default=None, ge=0, lt=MAX_SEED, description="Random (and reported) when absent."
     )
-    num_inference_steps: Positive | None = None
-    guidance_scale: float | None = Field(default=None, ge=0, le=100)
+    num_inference_steps: Positive | None = Field(
+        default=None,
+        description="Denoising steps: a native model takes 1 to the server's max_steps; a distilled "
+        "one (or a distill adapter) its own count only. Default: the sampler's (GET /v1/models/{id}).",
+    )
+    guidance_scale: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Classifier-free guidance (above 1: two DiT calls a step), within the model's "
+        "range on this server. Default: the sampler's.",
+    )
     negative_prompt: str | None = Field(default=None, max_length=20_000)
     first_frame: Reference | None = Field(default=None, description="An image the clip starts at.")
     last_frame: Reference | None = Field(default=None, description="An image the clip ends at.")
@@ -249,20 +260,10 @@ class VideoCreateRequest(_Strict):
             value = getattr(self, name)
             return value if value is not None or operator is None else getattr(operator, name)
 
-        steps = pick("num_inference_steps")
-        if steps is not None and steps != model.steps:
-            raise InvalidField(
-                f"this model samples with its distilled schedule of {model.steps} steps, got {steps}",
-                "num_inference_steps",
-            )
-        guidance = pick("guidance_scale")
-        lo, hi = caps.guidance_range
-        if guidance is not None and not lo <= guidance <= hi:
-            raise InvalidField(
-                f"must be within [{lo:g}, {hi:g}] for this model, got {guidance:g}", "guidance_scale"
-            )
+        # Steps and guidance are checked against the request's sampler by the job service.
+        steps, guidance = pick("num_inference_steps"), pick("guidance_scale")
         negative = pick("negative_prompt")
-        effective = guidance if guidance is not None else model.guidance_scale
+        effective = guidance if guidance is not None else model.sampling_for(lora).guidance_scale
         if negative and effective <= 1.0:
             raise InvalidField(
                 "has no effect without classifier-free guidance: set guidance_scale above 1",
@@ -288,6 +289,7 @@ class VideoCreateRequest(_Strict):
             num_frames=num_frames,
             fps=rate["fps"],
             guidance_scale=guidance,
+            num_inference_steps=steps,
             first_frame=self._keyframe(("first_frame", "input_reference", "reference_url"), uploads),
             last_frame=self._keyframe(("last_frame",), uploads),
             memory=self._memory(),
@@ -455,14 +457,18 @@ class ServedModel:
     height: int
     num_frames: int
     fps: int
-    steps: int
-    guidance_scale: float
+    sampling: SamplingRule  # the model's sampler under the server's limits
     max_seconds: float
     max_width: int
     max_height: int
     default_work: str
     created: int
     adapters: dict[str, float] = field(default_factory=dict)  # LoRA nickname -> its default scale
+    adapter_sampling: dict[str, SamplingRule] = field(default_factory=dict)  # adapters with their own
+
+    def sampling_for(self, adapter: str | None) -> SamplingRule:
+        """The sampler a request with ``adapter`` (or none) runs with."""
+        return self.adapter_sampling.get(adapter or "", self.sampling)
 
 
 def snap_frames(seconds: float, fps: int, multiple: int) -> int:
@@ -571,7 +577,9 @@ class VideoExtension(BaseModel):
     frames: int | None = None
     fps: int | None = None
     seed: int | None = None
-    steps: int | None = None
+    steps: int | None = Field(default=None, description="Denoising steps the job runs (ran) with.")
+    guidance_scale: float | None = Field(default=None, description="The guidance it runs (ran) with.")
+    sampler_mode: str | None = Field(default=None, description="native | dmd: how it is sampled.")
     strength: float | None = Field(default=None, description="Video-to-video: how far from the source.")
     step: int | None = Field(default=None, description="Denoise steps done.")
     phase: str | None = Field(default=None, description="The work now running (a stage name).")
@@ -657,6 +665,11 @@ class ModelCard(BaseModel):
     defaults: dict[str, Any] = Field(default_factory=dict)
     adapters: list[dict[str, Any]] = Field(default_factory=list)
     parent: str | None = Field(default=None, description="An adapter's base model.")
+    sampling: dict[str, Any] | None = Field(
+        default=None,
+        description="How it is sampled: mode (native | dmd), the default num_inference_steps and "
+        "guidance_scale, and the limits a request may choose within.",
+    )
 
 
 class ModelList(BaseModel):

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from api.context import ApiContext
 from api.core.errors import EncoderMissing, InvalidField, NotFound, ServiceError, Unavailable
 from api.core.jobs import op_config
+from api.core.sampling import dit_calls, job_sampling
 from api.core.specs import InputRef, ShotSpec, SourceRef
 from api.core.steps import extension_before_frames
 from api.core.timing import eta_s, stage_durations, working_seconds
@@ -41,6 +42,8 @@ from api.openai.protocol import (
 )
 from api.store import CharacterRecord, JobRecord
 from shotloom import stages
+from shotloom.capabilities import Capabilities
+from shotloom.config import Adapter
 
 log = logging.getLogger("shotloom.api.openai")
 
@@ -160,7 +163,7 @@ def parse_request(raw: dict[str, Any], unknown_fields: str = "reject") -> VideoC
         return VideoCreateRequest.model_validate(raw)
 
 
-def _progress(job: JobRecord, steps: int) -> tuple[int, int | None]:
+def _progress(job: JobRecord, steps: int | None) -> tuple[int, int | None]:
     """(progress percent, denoise steps done) from the job's stage and live progress."""
     if job.status == "succeeded":
         return 100, steps
@@ -210,8 +213,14 @@ class VideoServing:
             # Checked at start: a bad operator default is a configuration error, not a client's.
             self._operator = VideoCreateRequest.model_validate({"prompt": "-", **self.config.default_request})
             self._operator.geometry()
-        # (when read, per-stage medians, median whole-job time) of recent finished jobs
-        self._timing: tuple[float, dict[str, float], float | None] = (-TIMING_CACHE_S - 1, {}, None)
+        # (when read, per-stage medians, median inferring seconds per DiT call, median whole-job
+        # time) of recent finished jobs
+        self._timing: tuple[float, dict[str, float], float | None, float | None] = (
+            -TIMING_CACHE_S - 1,
+            {},
+            None,
+            None,
+        )
 
     # -- the model --------------------------------------------------------------------------------
     def model_id(self) -> str:
@@ -230,8 +239,10 @@ class VideoServing:
             height=inf.defaults.height,
             num_frames=inf.defaults.num_frames,
             fps=inf.defaults.fps,
-            steps=inf.sampler.steps,
-            guidance_scale=inf.sampler.guidance_scale,
+            sampling=self.jobs.sampling(None, caps),
+            adapter_sampling={
+                a.name: self.jobs.sampling(a.name, caps) for a in inf.adapters if a.sampler is not None
+            },
             max_seconds=self.config.max_seconds,
             max_width=self.config.max_width,
             max_height=self.config.max_height,
@@ -252,32 +263,49 @@ class VideoServing:
         inf = self.ctx.inference
         published = self.ctx.follower.capabilities()
         created = inf.paths.checkpoint.stat().st_mtime if inf.paths.checkpoint.exists() else 0
+        caps = self.jobs.capabilities()
+        sampling = self.jobs.sampling(None, caps)
         return ModelCard(
             id=self.model_id(),
             created=int(created),
             family=inf.family,
             capabilities=published,
-            adapters=[{"name": a.name, "scale": a.scale} for a in inf.adapters],
+            adapters=[self._adapter_entry(a, caps) for a in inf.adapters],
             defaults={
                 "size": f"{inf.defaults.width}x{inf.defaults.height}",
                 "num_frames": inf.defaults.num_frames,
                 "fps": inf.defaults.fps,
                 "seconds": f"{inf.defaults.num_frames / inf.defaults.fps:g}",
-                "num_inference_steps": inf.sampler.steps,
-                "guidance_scale": inf.sampler.guidance_scale,
+                "num_inference_steps": sampling.steps,
+                "guidance_scale": sampling.guidance_scale,
             },
+            sampling=sampling.describe(),
         )
 
+    def _adapter_entry(self, adapter: Adapter, caps: Capabilities | None) -> dict[str, Any]:
+        """An adapter as a model card lists it, with its own sampler where it has one."""
+        entry: dict[str, Any] = {"name": adapter.name, "scale": adapter.scale}
+        if adapter.sampler is not None:
+            entry["sampling"] = self.jobs.sampling(adapter.name, caps).describe()
+        return entry
+
     def model_cards(self) -> list[ModelCard]:
-        """The served model, then one card per LoRA adapter (its nickname selects base + adapter)."""
+        """The served model, then one card per LoRA adapter (its nickname selects base + adapter,
+        sampled by the adapter's own sampler where it has one)."""
         base = self.model_card()
-        cards = [base]
+        cards, caps = [base], self.jobs.capabilities()
         for a in self.ctx.inference.adapters:
-            cards.append(
-                base.model_copy(
-                    update={"id": a.name, "parent": base.id, "adapters": [{"name": a.name, "scale": a.scale}]}
-                )
-            )
+            entry = self._adapter_entry(a, caps)
+            update: dict[str, Any] = {"id": a.name, "parent": base.id, "adapters": [entry]}
+            if "sampling" in entry:
+                sampling = entry["sampling"]
+                update["sampling"] = sampling
+                update["defaults"] = {
+                    **base.defaults,
+                    "num_inference_steps": sampling["num_inference_steps"],
+                    "guidance_scale": sampling["guidance_scale"],
+                }
+            cards.append(base.model_copy(update=update))
         return cards
 
     def model(self, name: str) -> ModelCard:
@@ -525,18 +553,20 @@ class VideoServing:
 
         return JobViews(self.ctx.store, render, max_entries, max_age)
 
-    def timing(self) -> tuple[dict[str, float], float | None]:
-        """(median seconds of each stage, median whole-job seconds) of recent finished jobs."""
-        at, medians, whole = self._timing
+    def timing(self) -> tuple[dict[str, float], float | None, float | None]:
+        """(median seconds of each stage, median inferring seconds per DiT call, median whole-job
+        seconds) of recent finished jobs."""
+        at, medians, per_call, whole = self._timing
         if time.monotonic() - at > TIMING_CACHE_S:
-            medians, whole = self.jobs.stage_seconds(), self.jobs.job_seconds()
-            self._timing = (time.monotonic(), medians, whole)
-        return medians, whole
+            (medians, per_call), whole = self.jobs.stage_timing(), self.jobs.job_seconds()
+            self._timing = (time.monotonic(), medians, per_call, whole)
+        return medians, per_call, whole
 
     def video(self, job: JobRecord, position: int | None = None) -> Video:
         config = op_config(job)
         client = job.request.get("client", {})
-        steps = self.ctx.inference.sampler.steps
+        sampling = job_sampling(job, self.jobs.sampler_for) or {}
+        steps = sampling.get("num_inference_steps")
         progress, step = _progress(job, steps)
         live = job.live or {}
         frames, fps = config.get("num_frames"), config.get("fps")
@@ -575,6 +605,8 @@ class VideoServing:
                 fps=fps,
                 seed=config.get("seed"),
                 steps=steps,
+                guidance_scale=sampling.get("guidance_scale"),
+                sampler_mode=sampling.get("mode"),
                 strength=config.get("strength") if config.get("source_video") else None,
                 step=step,
                 phase=phase,
@@ -594,7 +626,12 @@ class VideoServing:
         """From the measured stage times of earlier jobs (see :func:`api.core.timing.eta_s`)."""
         if job.status not in ("queued", "running"):
             return 0.0 if job.status == "succeeded" else None
-        medians, whole = self.timing()
+        medians, per_call, whole = self.timing()
+        sampling = job_sampling(job, self.jobs.sampler_for) or {}
+        steps, guidance = sampling.get("num_inference_steps"), sampling.get("guidance_scale")
+        if per_call is not None and stages.INFERRING in medians and steps and guidance is not None:
+            # Denoising costs this job's own DiT calls (its steps, doubled by guidance).
+            medians = {**medians, stages.INFERRING: round(per_call * dit_calls(steps, guidance), 3)}
         return eta_s(
             job.status,
             job.stage,

@@ -189,6 +189,16 @@ class R2VRequest(_Strict):
     width: PositiveInt | None = None
     height: PositiveInt | None = None
     seed: Annotated[int, Field(strict=True)] | None = None
+    num_inference_steps: PositiveInt | None = Field(
+        default=None,
+        description="Denoising steps: a native model takes 1 to the server's api.sampling.max_steps; "
+        "a distilled (dmd) one, or a distill adapter, its own count only. Default: the sampler's.",
+    )
+    guidance_scale: Annotated[float, Field(ge=0, le=100, strict=True)] | None = Field(
+        default=None,
+        description="Classifier-free guidance (above 1: two DiT calls a step), within the server's "
+        "api.sampling.guidance_scale range and the model's. Default: the sampler's.",
+    )
     lora: LoraChoice | None = Field(default=None, description="A configured LoRA adapter for this shot.")
 
     @field_validator("work_id", "shot_id", "prompt", "job_id")
@@ -251,6 +261,8 @@ class R2VRequest(_Strict):
             width=self.width,
             height=self.height,
             num_frames=self.num_frames,
+            guidance_scale=self.guidance_scale,
+            num_inference_steps=self.num_inference_steps,
             first_frame=InputRef("condition_img", self.condition_img) if self.condition_img else None,
             memory=tuple(memory),
             memory_field="memory_slots",
@@ -502,6 +514,13 @@ class VersionResponse(_TaskFields):
     derived_from: list[str] = Field(
         default_factory=list, description="Lineage: the versions this one was made from (shots of a film)."
     )
+    num_inference_steps: int | None = Field(
+        default=None,
+        description="A shot's denoising steps: what its run recorded once it succeeded, else what it "
+        "asked for or its sampler's default.",
+    )
+    guidance_scale: float | None = Field(default=None, description="A shot's guidance, the same way.")
+    sampler_mode: str | None = Field(default=None, description="native | dmd: how the shot is sampled.")
 
 
 # -- 422 bodies ---------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.core.jobs import op_config
+from api.core.sampling import SamplerFor, job_sampling
 from api.core.steps import first_run_id
 from api.core.views import JobViews
 from api.r2v.protocol import ArtifactResponse, VersionResponse, iso_time
@@ -50,10 +51,15 @@ def task_fields(
 
 
 def version_response(
-    job: JobRecord, position: int | None, artifacts: list[ArtifactRecord], base: str
+    job: JobRecord,
+    position: int | None,
+    artifacts: list[ArtifactRecord],
+    base: str,
+    sampler_for: SamplerFor | None = None,
 ) -> VersionResponse:
     live = job.live or {}
     result = job.result or {}
+    sampling = (job_sampling(job, sampler_for) if sampler_for is not None else None) or {}
     return VersionResponse(
         **task_fields(job, position, artifacts, base),
         error=job.error,
@@ -67,6 +73,9 @@ def version_response(
         worker=live.get("worker"),
         result=result or None,
         request={**job.request.get("client", {}), "inputs": job.request.get("inputs", {})},
+        num_inference_steps=sampling.get("num_inference_steps"),
+        guidance_scale=sampling.get("guidance_scale"),
+        sampler_mode=sampling.get("mode"),
         **version_lineage(job),
     )
 
@@ -85,10 +94,13 @@ def version_lineage(job: JobRecord) -> dict[str, Any]:
     return {"inputs": inputs, "derived_from": [v for v in versions if not v.startswith("sha256:")]}
 
 
-def version_views(store: Store, base: str, max_entries: int) -> JobViews[bytes]:
-    """The cached GET /version bodies (see :mod:`api.core.views`)."""
+def version_views(
+    store: Store, base: str, max_entries: int, sampler_for: SamplerFor | None = None
+) -> JobViews[bytes]:
+    """The cached GET /version bodies (see :mod:`api.core.views`); ``sampler_for``: the sampler a
+    shot's adapter (or none) runs with, for the steps and guidance of a shot not yet finished."""
 
     def render(job: JobRecord, artifacts: list[ArtifactRecord], position: int | None) -> bytes:
-        return version_response(job, position, artifacts, base).model_dump_json().encode()
+        return version_response(job, position, artifacts, base, sampler_for).model_dump_json().encode()
 
     return JobViews(store, render, max_entries)
