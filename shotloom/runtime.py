@@ -8,6 +8,7 @@ call the stages one by one. A process keeps one runtime per (config, device) in
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -378,8 +379,10 @@ def save_latent_tensors(latents: TensorBundle, path: Path) -> None:
         tensors["audio_latents"] = latents.tensors["audio"].contiguous()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {k: str(v) for k, v in latents.meta.items() if k in ("family", "pipeline", "seed")}
-    save_file(tensors, str(path), metadata=meta)
+    # One metadata key holding sorted JSON: safetensors writes several keys in hash order, so the
+    # same latents would give different file bytes from run to run.
+    meta = {k: latents.meta[k] for k in ("family", "pipeline", "seed") if k in latents.meta}
+    save_file(tensors, str(path), metadata={"shotloom": json.dumps(meta, sort_keys=True, default=str)})
 
 
 def media_summary(info) -> dict:

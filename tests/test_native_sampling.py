@@ -8,6 +8,7 @@ never MP4s: on tiny random weights H.264's own error is larger than two seeds' d
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -282,6 +283,28 @@ def test_inference_cli_steps_guidance_and_saved_latents(checkpoints, tmp_path):
         output_type="latent",
     ).frames
     assert torch.equal(latents, reference)
+
+
+def test_saved_latents_are_the_same_bytes_every_time(tmp_path):
+    """Same latents, same file: comparing runs by sha256 must work for --save-latents too."""
+    from safetensors import safe_open
+
+    from shotloom.bundle import TensorBundle
+    from shotloom.runtime import save_latent_tensors
+
+    bundle = TensorBundle(
+        tensors={"video": torch.randn(1, 4, 3, 8, 8), "audio": torch.randn(1, 8, 4)},
+        meta={"family": "wan", "pipeline": "WanPipeline", "seed": SEED, "other": "not saved"},
+    )
+    digests = set()
+    for i in range(4):
+        save_latent_tensors(bundle, tmp_path / f"{i}.safetensors")
+        digests.add(hashlib.sha256((tmp_path / f"{i}.safetensors").read_bytes()).hexdigest())
+    assert len(digests) == 1
+    with safe_open(str(tmp_path / "0.safetensors"), "pt") as f:
+        assert set(f.keys()) == {"latents", "audio_latents"}
+        meta = json.loads(f.metadata()["shotloom"])
+    assert meta == {"family": "wan", "pipeline": "WanPipeline", "seed": SEED}
 
 
 def test_ti2v_first_frame_equals_diffusers_i2v_pipeline_on_the_same_folder(checkpoints, frame):
