@@ -130,6 +130,33 @@ def test_every_shape_equals_the_pipelines_own_call(shape, checkpoints, frame):
         assert decoded.frames.shape == (9, 64, 64, 3)
 
 
+@pytest.mark.parametrize("shape", ["i2v", "i2v-a14b"])
+def test_i2v_first_and_last_frame_equal_the_pipeline(shape, checkpoints, frame, tmp_path):
+    """I2V between two frames: the pipeline's ``image`` and ``last_image`` (Wan 2.1 also embeds both
+    with CLIP)."""
+    last = tmp_path / "last.png"
+    Image.fromarray((np.random.default_rng(1).random((64, 64, 3)) * 255).astype(np.uint8)).save(last)
+    adapter = WanAdapter.load(native_config(checkpoints[shape]))
+    assert adapter.capabilities.last_frame
+    req = request(first_frame=frame, last_frame=last)
+    latents = adapter.denoise(adapter.encode(req), req).tensors["video"]
+    reference = adapter.pipe(
+        prompt=PROMPT,
+        image=Image.open(frame).convert("RGB"),
+        last_image=Image.open(last).convert("RGB"),
+        height=64,
+        width=64,
+        num_frames=9,
+        num_inference_steps=STEPS,
+        guidance_scale=GUIDANCE,
+        generator=torch.Generator().manual_seed(SEED),
+        output_type="latent",
+    ).frames
+    assert torch.equal(latents, reference)
+    first_only = adapter.denoise(adapter.encode(request(first_frame=frame)), request(first_frame=frame))
+    assert not torch.equal(first_only.tensors["video"], latents)  # the last frame conditions it
+
+
 def test_vace_with_references_equals_the_pipeline(checkpoints, frame):
     """VACE prepends one latent frame per reference image; the pipeline's latent output keeps them
     (it drops them only when it decodes), the engine's does not: the clip's frames are equal."""
