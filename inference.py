@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from shotloom.capabilities import CapabilityError
+from shotloom.performance import PerformanceError
 from shotloom.request import MemorySlot
 
 
@@ -40,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="denoising steps (native sampler; dmd takes only its own)")
     p.add_argument(
         "--guidance-scale", type=float, help=">1: classifier-free guidance with the negative prompt"
+    )
+    p.add_argument(
+        "--step-cache", metavar="NAME", help="a step cache of the YAML's performance.step_caches, or none"
     )
     p.add_argument("--source-video", type=Path, help="video-to-video: the clip to start from")
     p.add_argument(
@@ -70,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         guidance_scale=args.guidance_scale,
         num_inference_steps=args.steps,
+        step_cache=args.step_cache,
         negative_prompt=args.negative_prompt,
         first_frame=args.first_frame,
         last_frame=args.last_frame,
@@ -81,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         result = runtime.generate(req, args.output, save_latents=args.save_latents)
-    except (CapabilityError, FileNotFoundError) as exc:
+    except (CapabilityError, FileNotFoundError, PerformanceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     summary = {

@@ -65,6 +65,11 @@ class ShotConfig(Config):
     num_inference_steps: int | None = Field(
         default=None, description="Denoising steps; default: the sampler's (dmd: only its own)."
     )
+    step_cache: str | None = Field(
+        default=None,
+        description="A step cache of the model's performance.step_caches by name, or 'none'; "
+        "default: the model's.",
+    )
     first_frame: str | None = None
     last_frame: str | None = None
     memory: list[MemorySlotConfig] = Field(default_factory=list)
@@ -166,6 +171,7 @@ def condition_op(
         seed=config.seed,
         guidance_scale=config.guidance_scale,
         num_inference_steps=config.num_inference_steps,
+        step_cache=config.step_cache,
         negative_prompt=config.negative_prompt,
         first_frame=path(config.first_frame),
         last_frame=path(config.last_frame),
@@ -268,6 +274,7 @@ def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource
             "sampler": MetadataValue.json(sampling),
             "num_inference_steps": int(sampling.get("steps") or 0),
             "guidance_scale": float(sampling.get("guidance_scale", req.guidance_scale)),
+            "step_cache": (sampling.get("step_cache") or {}).get("name", "none"),
             "stage_timings": timings,
             "peak_memory_mb": round(peak_mb, 1),
             "version_id": context.run.tags.get(VERSION_TAG, ""),  # the service version it is

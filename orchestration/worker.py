@@ -48,6 +48,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from shotloom.performance import PerformanceError
+
 log = logging.getLogger("shotloom.worker")
 
 
@@ -204,6 +206,19 @@ class Worker:
         return True
 
     # -- main thread ----------------------------------------------------------
+    def _check_performance(self) -> None:
+        """Refuse to start (exit 2, the key in the log) on a ``performance`` choice this device
+        cannot do, before taking any run; what needs the model is proven at warm-up."""
+        from shotloom.config import load_inference_config
+        from shotloom.performance import check_device
+
+        cfg = load_inference_config()
+        try:
+            check_device(cfg.performance, self.device, cfg.dtype)
+        except PerformanceError as exc:
+            log.error("%s: %s", self.name, exc)
+            raise SystemExit(2) from exc
+
     def loads(self) -> int:
         return sum(r["loads"] for r in runtimes_snapshot())
 
@@ -538,6 +553,8 @@ class Worker:
         self._server.daemon_threads = True
         self.url = f"http://{advertise or host}:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True).start()
+        if self.pool == "device":
+            self._check_performance()
         registry = WorkerRegistry(self.instance.run_storage)
         record = WorkerRecord(self.name, self.url, os.getpid(), self.boot_id, self.device, self.pool)
         registry.publish(record)
@@ -549,6 +566,9 @@ class Worker:
                     self.state = "warming"
                 try:
                     self._warm()
+                except PerformanceError as exc:  # the operator's choice cannot work here: say so, stop
+                    log.error("%s: %s", self.name, exc)
+                    raise SystemExit(2) from exc
                 except Exception:
                     log.exception("%s: warm-up failed; runs will load the model themselves", self.name)
             self._scan_for_orphans()

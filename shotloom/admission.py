@@ -296,6 +296,13 @@ def read_safetensors_header(path: str | Path) -> dict[str, dict[str, Any]]:
     return header
 
 
+def _cast_to_fp8(tensor_name: str, skip: tuple[str, ...]) -> bool:
+    """Whether layerwise casting stores this tensor in float8: a layer's weight or bias whose
+    module name matches none of the skip patterns (as diffusers matches them, ``re.search``)."""
+    module, _, leaf = tensor_name.rpartition(".")
+    return leaf in ("weight", "bias") and not any(re.search(p, module) for p in skip)
+
+
 def _tensor_bytes(dtype: str, shape: list[int], load_bits: int) -> int:
     if dtype not in _ST_BITS:
         raise ValueError(f"unknown safetensors dtype {dtype!r}")
@@ -323,6 +330,7 @@ def checkpoint_footprint(
     dtype: str,
     *,
     component_dtypes: Mapping[str, str] | None = None,
+    fp8_skip: Mapping[str, tuple[str, ...]] | None = None,
 ) -> WeightFootprint:
     """Cold-load estimate of a diffusers checkpoint folder, from file headers only.
 
@@ -333,6 +341,10 @@ def checkpoint_footprint(
     component falls back to the size of its ``.bin``/``.pt``/``.pth``/``.ckpt``/``.gguf`` files.
     Variant files (``model.fp16.safetensors``) are ignored when plain ones exist, as ``from_pretrained``
     without a variant does. Every component is ``released``.
+
+    ``fp8_skip`` names components stored in float8 (``performance.fp8``), each with the module-name
+    patterns diffusers' layerwise casting skips: their layers' floating ``weight``/``bias`` count one
+    byte an element unless the module matches a pattern; everything else counts as above.
     """
     root = Path(checkpoint_dir)
     if not root.is_dir():
@@ -346,10 +358,12 @@ def checkpoint_footprint(
         st = _pick_files(sorted(sub.rglob("*.safetensors")), ".safetensors")
         if st:
             load_bits = _LOAD_BITS[overrides.get(sub.name, dtype)]
+            skip = (fp8_skip or {}).get(sub.name)
             total = 0
             for f in st:
-                for meta in read_safetensors_header(f).values():
-                    total += _tensor_bytes(meta["dtype"], meta["shape"], load_bits)
+                for name, meta in read_safetensors_header(f).items():
+                    fp8 = skip is not None and meta["dtype"] in _CASTABLE and _cast_to_fp8(name, skip)
+                    total += _tensor_bytes(meta["dtype"], meta["shape"], 8 if fp8 else load_bits)
             components[sub.name] = total
             continue
         other = [f for f in sorted(sub.rglob("*")) if f.is_file() and f.name.endswith(_OTHER_WEIGHTS)]

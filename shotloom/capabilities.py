@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shotloom.config import Sampler
+from shotloom.config import NO_STEP_CACHE, Performance, Sampler
 from shotloom.request import GenerationRequest
 
 
@@ -177,3 +177,11 @@ def check_steps(sampler: Sampler, steps: int | None, max_steps: int | None = Non
     if steps < 1 or (max_steps is not None and steps > max_steps):
         most = f"within [1, {max_steps}]" if max_steps is not None else "at least 1"
         raise CapabilityError("num_inference_steps", f"must be {most}, got {steps}")
+
+
+def check_step_cache(perf: Performance, asked: str | None) -> None:
+    """A request's ``step_cache``: one the model declares, or ``none`` (None: the model's default)."""
+    if asked is None or asked == NO_STEP_CACHE or asked in perf.step_caches:
+        return
+    known = [NO_STEP_CACHE, *sorted(perf.step_caches)]
+    raise CapabilityError("step_cache", f"unknown step cache {asked!r}; this model has {known}")

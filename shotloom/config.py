@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -104,6 +104,99 @@ class Sampler(_Strict):
     def describe(self) -> dict:
         """What a client may read about it (model listings, job records)."""
         return {"mode": self.mode, "steps": self.steps, "guidance_scale": self.guidance_scale}
+
+
+# -- performance: diffusers' own speed machinery, per model (see shotloom.performance) ---------------
+class Compile(_Strict):
+    """Regional compilation: ``transformer.compile_repeated_blocks`` (each repeated DiT block
+    compiled once, reused by all), done at load and run once at the default shape, so no request
+    pays it. Another shape recompiles, up to ``recompile_limit`` shapes; past it torch runs eagerly."""
+
+    enabled: bool = False
+    fullgraph: bool = Field(default=True, description="One graph per block (a graph break is an error).")
+    dynamic: bool | None = Field(
+        default=None, description="torch.compile's dynamic shapes (None: torch decides after a recompile)."
+    )
+    mode: str | None = Field(default=None, description="torch.compile mode, e.g. max-autotune-no-cudagraphs.")
+    recompile_limit: int = Field(default=8, ge=1, description="Shapes compiled per block before eager.")
+
+
+class FirstBlockCache(_Strict):
+    """diffusers' ``FirstBlockCacheConfig``: when the first block's output moved less than
+    ``threshold`` (relative) since the last full step, the other blocks are skipped."""
+
+    kind: Literal["first_block"] = "first_block"
+    threshold: float = Field(default=0.05, gt=0, description="Higher: more steps skipped, lower quality.")
+
+
+class MagCache(_Strict):
+    """diffusers' ``MagCacheConfig``: skips blocks while the accumulated magnitude error of the
+    checkpoint's calibrated ``mag_ratios`` stays under ``threshold``."""
+
+    kind: Literal["mag"] = "mag"
+    threshold: float = Field(default=0.06, gt=0)
+    max_skip_steps: int = Field(default=3, ge=1, description="Most consecutive steps skipped.")
+    retention_ratio: float = Field(
+        default=0.2, ge=0, le=1, description="Leading share of steps never skipped."
+    )
+    mag_ratios: list[float] = Field(
+        min_length=2,
+        description="Per-step magnitude ratios of this checkpoint and scheduler (calibrate with "
+        "diffusers' MagCacheConfig(calibrate=True)); interpolated to the request's step count.",
+    )
+
+
+class TaylorSeerCache(_Strict):
+    """diffusers' ``TaylorSeerCacheConfig``: every ``cache_interval`` steps the DiT runs; in between
+    its outputs are predicted by a Taylor expansion of order ``max_order``."""
+
+    kind: Literal["taylorseer"] = "taylorseer"
+    cache_interval: int = Field(default=5, ge=1)
+    disable_cache_before_step: int = Field(default=3, ge=0, description="Leading steps always computed.")
+    max_order: int = Field(default=1, ge=0)
+    cache_identifiers: list[str] | None = Field(
+        default=None,
+        description="Regexes (full match) of the DiT module names whose outputs are predicted, e.g. "
+        "'^blocks\\.\\d+$' for Wan's blocks; None: diffusers' default, which matches no Wan module "
+        "(its attention modules are attn1/attn2), so loading refuses it there.",
+    )
+
+
+StepCache = Annotated[FirstBlockCache | MagCache | TaylorSeerCache, Field(discriminator="kind")]
+NO_STEP_CACHE = "none"  # what a request names to run without the model's default step cache
+
+
+class Performance(_Strict):
+    """Speed options of the DiT, each diffusers' own. A choice this device or install cannot do
+    refuses to load the model, naming the key; nothing falls back silently."""
+
+    attention_backend: str | None = Field(
+        default=None,
+        description="diffusers' set_attention_backend name (native, _native_cudnn, flash, _flash_3, "
+        "sage, ...); None: diffusers' default (torch SDPA). Only native runs on CPU.",
+    )
+    compile: Compile = Compile()
+    fp8: bool = Field(
+        default=False,
+        description="Store the DiT's weights as float8_e4m3fn, computed in the model dtype (diffusers' "
+        "enable_layerwise_casting): about half the DiT's bytes at bfloat16.",
+    )
+    step_caches: dict[str, StepCache] = Field(
+        default_factory=dict, description="Named step caches a request may choose (step_cache: <name>)."
+    )
+    step_cache: str | None = Field(
+        default=None, description="The step cache a request gets by default (a name above); None: none."
+    )
+
+    @model_validator(mode="after")
+    def _default_cache_named(self) -> Performance:
+        if NO_STEP_CACHE in self.step_caches:
+            raise ValueError(f"step_caches: {NO_STEP_CACHE!r} is reserved (a request's way to ask for none)")
+        if self.step_cache is not None and self.step_cache not in self.step_caches:
+            raise ValueError(
+                f"step_cache: {self.step_cache!r} is not one of step_caches {sorted(self.step_caches)}"
+            )
+        return self
 
 
 class Adapter(_Strict):
@@ -214,6 +307,7 @@ class InferenceConfig(_Strict):
     tiling: Tiling = Tiling()
     offload: bool = Field(default=False, description="Diffusers group offload of the DiT.")
     memory: MemoryEstimates = MemoryEstimates()
+    performance: Performance = Performance()
     audio: Audio = Audio()
     tiny: TinyCheckpoint = TinyCheckpoint()
     adapters: list[Adapter] = Field(

@@ -62,6 +62,9 @@ class GenerationRequest:
     lora_scale: float | None = None
     # Frame-anchored guides (images, videos, sounds), in request order (refusals say guides[i]).
     guides: tuple[Guide, ...] = field(default_factory=tuple)
+    # A step cache of the model's performance.step_caches by name, or "none"; None (a record of an
+    # earlier release, or not resolved): the model's default.
+    step_cache: str | None = None
 
     def to_json(self) -> dict:
         data = asdict(self)

@@ -23,6 +23,7 @@ from shotloom.cache import ConditioningCache, conditioning_key
 from shotloom.config import InferenceConfig, MemoryEstimates, load_inference_config
 from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress
 from shotloom.guides import measured
+from shotloom.performance import fp8_skip_patterns, resolve_step_cache
 from shotloom.request import GenerationRequest, Guide, MemorySlot
 
 # on_stage(name): told when a generation enters one of shotloom.stages' stages (the ops record it).
@@ -76,6 +77,7 @@ class ModelRuntime:
         self.residency = None  # shotloom.admission.ResidencyPlan once a server chose it
         self._adapter: FamilyAdapter | None = None
         self._lock = threading.Lock()
+        self.compile_seconds: float | None = None  # the load's compile run (performance.compile)
 
     # -- weights ------------------------------------------------------------
     @property
@@ -85,10 +87,28 @@ class ModelRuntime:
                 from shotloom.families import adapter_class
 
                 adapter = adapter_class(self.cfg.family).load(self.cfg, self.device)
-                adapter.load_adapters()
+                adapter.setup_generators()
+                if self.cfg.performance.compile.enabled:
+                    self._compile_now(adapter)
                 self._adapter = adapter
                 self.loads += 1
             return self._adapter
+
+    def _compile_now(self, adapter: FamilyAdapter) -> None:
+        """Run the compiled blocks once at the default shape (one step, guidance as the default
+        sampler has it), so compilation happens at load and no request at that shape pays it;
+        a compile that cannot work fails here, naming the key."""
+        from shotloom.performance import PerformanceError
+
+        req = self.resolve("warm-up", seed=0, num_inference_steps=self.cfg.sampler.fixed_steps or 1)
+        started = time.perf_counter()
+        try:
+            adapter.denoise(adapter.encode(req), req)
+        except Exception as exc:
+            raise PerformanceError("compile", f"the compiled DiT failed its first run: {exc}") from exc
+        finally:
+            adapter.encoder_counter.calls.clear()  # the warm-up is not a request's encoding
+        self.compile_seconds = round(time.perf_counter() - started, 3)
 
     @property
     def loaded(self) -> bool:
@@ -114,8 +134,9 @@ class ModelRuntime:
             return measured_footprint(self._adapter.modules())
         family = adapter_class(self.cfg.family)
         ensure_checkpoint(self.cfg, family.build_tiny_checkpoint)
+        fp8 = fp8_skip_patterns(self.cfg.paths.checkpoint) if self.cfg.performance.fp8 else None
         return checkpoint_footprint(
-            self.cfg.paths.checkpoint, self.cfg.dtype, component_dtypes=family.pinned_dtypes
+            self.cfg.paths.checkpoint, self.cfg.dtype, component_dtypes=family.pinned_dtypes, fp8_skip=fp8
         )
 
     def _peak_id(self) -> str:
@@ -237,6 +258,7 @@ class ModelRuntime:
         lora: str | None = None,
         lora_scale: float | None = None,
         guides: list[Guide] | tuple[Guide, ...] = (),
+        step_cache: str | None = None,
     ) -> GenerationRequest:
         """Fill unset fields from the inference YAML's defaults (never rounds what was asked)."""
         d = self.cfg.defaults
@@ -259,6 +281,7 @@ class ModelRuntime:
             lora=lora,
             lora_scale=lora_scale,
             guides=tuple(guides),
+            step_cache=resolve_step_cache(self.cfg.performance, step_cache),
         )
 
     def check(self, req: GenerationRequest) -> GenerationRequest:

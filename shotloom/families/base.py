@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from shotloom.bundle import TensorBundle
-from shotloom.capabilities import Capabilities, check_sampling
+from shotloom.capabilities import Capabilities, check_sampling, check_step_cache
 from shotloom.config import InferenceConfig
 from shotloom.request import GenerationRequest
 
@@ -118,6 +118,25 @@ class FamilyAdapter(ABC):
         """Raise CapabilityError before any work. Families may add rules."""
         self.capabilities.check(req)
         check_sampling(self.cfg.sampler_for(req.lora), req)
+        check_step_cache(self.cfg.performance, req.step_cache)
+
+    # -- performance (shotloom.performance) -------------------------------------------------------
+    def setup_generators(self, names: list[str] | None = None) -> None:
+        """After the DiT(s) ``names`` (default: all) came from the checkpoint: the LoRA adapters,
+        then FP8 storage and the attention backend (after the adapters, whose layers diffusers'
+        casting skips), each step cache proven, regional compilation last (it wraps what runs)."""
+        from shotloom.performance import check_step_caches, compile_generator, prepare_generator
+
+        names = self.generator_names() if names is None else names
+        perf = self.cfg.performance
+        self.load_adapters()
+        modules = [getattr(self.pipe, n) for n in names]
+        for module in modules:
+            prepare_generator(module, perf, self.generator_dtype(), self.device)
+        check_step_caches(modules, perf, self.cfg.sampler.steps or 1)
+        if perf.compile.enabled:
+            for module in modules:
+                compile_generator(module, perf.compile)
 
     # -- sampling ---------------------------------------------------------------------------------
     def keep_checkpoint_scheduler(self, scheduler, name: str = "scheduler") -> None:
@@ -142,6 +161,8 @@ class FamilyAdapter(ABC):
 
     def sampling_record(self, sampler, req: GenerationRequest, sigmas: list[float], **extra) -> dict:
         """How a generation was sampled, for its latents' meta, the job and the materialization."""
+        from shotloom.performance import describe_step_cache
+
         return {
             "mode": sampler.mode,
             "scheduler": type(self.pipe.scheduler).__name__,
@@ -149,6 +170,7 @@ class FamilyAdapter(ABC):
             "guidance_scale": req.guidance_scale,
             "dit_calls_per_step": 2 if req.guidance_scale > 1.0 else 1,
             "sigmas": [round(s, 6) for s in sigmas],
+            "step_cache": describe_step_cache(self.cfg.performance, self.step_cache_name(req)),
             **{k: v for k, v in extra.items() if v is not None},
         }
 
@@ -156,6 +178,20 @@ class FamilyAdapter(ABC):
         """The sampler that runs ``req`` (its adapter's, or the model's) and its step count."""
         sampler = self.cfg.sampler_for(req.lora)
         return sampler, req.num_inference_steps or sampler.steps
+
+    def step_cache_name(self, req: GenerationRequest) -> str:
+        """The step cache ``req`` runs with (a name of ``performance.step_caches``, or ``none``)."""
+        from shotloom.performance import resolve_step_cache
+
+        return resolve_step_cache(self.cfg.performance, req.step_cache)
+
+    def step_cache(self, req: GenerationRequest, steps: int) -> AbstractContextManager:
+        """The request's step cache on every DiT for one denoise (nothing for ``none``)."""
+        from shotloom.performance import step_cache
+
+        perf = self.cfg.performance
+        cache = perf.step_caches.get(self.step_cache_name(req))
+        return step_cache([getattr(self.pipe, n) for n in self.generator_names()], cache, steps)
 
     def adapter_names(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.cfg.adapters)
@@ -298,7 +334,8 @@ class FamilyAdapter(ABC):
 
         from shotloom.families.weights import place_module
 
-        changed = reloaded = False
+        changed = False
+        reloaded: list[str] = []
         for name in self.generator_names():
             module = getattr(self.pipe, name, None)
             if module is None and name in self._generator_classes:
@@ -309,13 +346,13 @@ class FamilyAdapter(ABC):
                 place_module(name, module, self.device, self.cfg.offload)
                 self.generator_loads += 1
                 changed = True
-                reloaded = True
+                reloaded.append(name)
             elif isinstance(module, torch.nn.Module) and not self.cfg.offload:
                 if next(module.parameters()).device != torch.device(self.device):
                     module.to(self.device)
                     changed = True
-        if reloaded:
-            self.load_adapters()  # a DiT read back from the checkpoint has no adapters yet
+        if reloaded:  # a DiT read back from the checkpoint has no adapters nor speed options yet
+            self.setup_generators(reloaded)
         return changed
 
     def generator_dtype(self):

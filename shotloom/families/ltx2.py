@@ -688,9 +688,20 @@ class LTX2Adapter(FamilyAdapter):
         audio_scale = req.guidance_scale
         if guided and sampler.audio_guidance_scale is not None:
             audio_scale = sampler.audio_guidance_scale
-        latents, audio = self._sample(
-            t, video, audio, held, hold, (sched, audio_sched), req, dims, progress, sampler.mode, audio_scale
-        )
+        with self.step_cache(req, len(sched.timesteps)):
+            latents, audio = self._sample(
+                t,
+                video,
+                audio,
+                held,
+                hold,
+                (sched, audio_sched),
+                req,
+                dims,
+                progress,
+                sampler.mode,
+                audio_scale,
+            )
         used = [float(s) for s in sched.sigmas[: len(sched.timesteps)]]
         # 5. Unpack and denormalise, as __call__ does for output_type="latent".
         vae, avae = pipe.vae, pipe.audio_vae
@@ -936,27 +947,32 @@ class LTX2Adapter(FamilyAdapter):
             else:
                 audio_timestep = torch.zeros_like(timestep) if held else audio_step
                 audio_sigma = audio_timestep
-            pred_video, pred_audio = pipe.transformer(
-                hidden_states=rep(latents).to(dtype),
-                audio_hidden_states=rep(audio).to(dtype),
-                encoder_hidden_states=text[0],
-                audio_encoder_hidden_states=text[1],
-                timestep=timestep.unsqueeze(-1) * (1 - mask_in.squeeze(-1)),
-                audio_timestep=audio_timestep,
-                sigma=timestep,
-                audio_sigma=audio_sigma,
-                encoder_attention_mask=text[2],
-                audio_encoder_attention_mask=text[2],
-                num_frames=dims.frames,
-                height=dims.height,
-                width=dims.width,
-                fps=float(req.fps),
-                audio_num_frames=dims.audio_frames,
-                video_coords=video_coords,
-                audio_coords=audio_coords,
-                use_cross_timestep=True,
-                return_dict=False,
+            # One context for the [negative, positive] batch, as __call__ names it (step caches key on it).
+            cache_context = pipe.transformer.cache_context(
+                "cond_uncond", step_index=i, sigma=float(sched.sigmas[i]), num_inference_steps=steps
             )
+            with cache_context:
+                pred_video, pred_audio = pipe.transformer(
+                    hidden_states=rep(latents).to(dtype),
+                    audio_hidden_states=rep(audio).to(dtype),
+                    encoder_hidden_states=text[0],
+                    audio_encoder_hidden_states=text[1],
+                    timestep=timestep.unsqueeze(-1) * (1 - mask_in.squeeze(-1)),
+                    audio_timestep=audio_timestep,
+                    sigma=timestep,
+                    audio_sigma=audio_sigma,
+                    encoder_attention_mask=text[2],
+                    audio_encoder_attention_mask=text[2],
+                    num_frames=dims.frames,
+                    height=dims.height,
+                    width=dims.width,
+                    fps=float(req.fps),
+                    audio_num_frames=dims.audio_frames,
+                    video_coords=video_coords,
+                    audio_coords=audio_coords,
+                    use_cross_timestep=True,
+                    return_dict=False,
+                )
             sigma = sched.sigmas[i]
             if mode == "native":  # __call__'s step: x0 at the step's sigma for every token
                 x0 = _guided_x0(latents, pred_video.float(), sigma, scale)

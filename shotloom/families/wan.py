@@ -588,7 +588,7 @@ class WanAdapter(FamilyAdapter):
             with pinned(pipe.scheduler, sigmas) if sampler.mode == "dmd" else nullcontext():
                 sigma0 = first_sigma(pipe.scheduler, steps, start, device=device)
             kwargs["latents"] = self._renoised(source, cond.meta, generator, sigma0)
-        with schedule, self._inject(pipe, kind, t, cond.meta, req, kwargs):
+        with schedule, self._inject(pipe, kind, t, cond.meta, req, kwargs), self.step_cache(req, total):
             latents = pipe(**kwargs).frames
             used = [float(s) for s in pipe.scheduler.sigmas[: len(pipe.scheduler.timesteps)]]
         # VACE prepends one latent frame per reference image; the pipeline drops them only when it decodes.
