@@ -162,7 +162,7 @@ def _tiny_vae(z_dim: int):
     )
 
 
-def _tiny_components(shape: str) -> dict[str, Any]:
+def _tiny_components(shape: str, dit_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     from diffusers import WanTransformer3DModel, WanVACETransformer3DModel
 
     if shape not in TINY_SHAPES:
@@ -185,6 +185,7 @@ def _tiny_components(shape: str) -> dict[str, Any]:
         qk_norm="rms_norm_across_heads",
         rope_max_seq_len=32,
     )
+    dit.update(dit_overrides or {})
     common: dict[str, Any] = dict(
         tokenizer=tokenizer,
         text_encoder=text_encoder,
@@ -266,17 +267,23 @@ class WanAdapter(FamilyAdapter):
     # -- checkpoint -----------------------------------------------------------------------------
     @classmethod
     def build_tiny_checkpoint(
-        cls, out_dir: Path, seed: int = 0, *, pipeline: str = VACE, shape: str | None = None
+        cls,
+        out_dir: Path,
+        seed: int = 0,
+        *,
+        pipeline: str = VACE,
+        shape: str | None = None,
+        dit: dict[str, Any] | None = None,
     ) -> Path:
         """A tiny random checkpoint (~0.5 MB) of a published Wan folder's shape (``TINY_SHAPES``;
         by default the one of ``pipeline``), its scheduler as that folder ships it; same seed ->
-        identical files."""
+        identical files. ``dit``: DiT config overrides (a bench's larger DiT beside tiny encoders)."""
         import diffusers
 
         shape = shape or SHAPE_OF_PIPELINE[pipeline]
         cls_name = TINY_SHAPES[shape]["pipeline"]
         return build_checkpoint(
-            out_dir, seed, lambda: getattr(diffusers, cls_name)(**_tiny_components(shape))
+            out_dir, seed, lambda: getattr(diffusers, cls_name)(**_tiny_components(shape, dit))
         )
 
     @classmethod
