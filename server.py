@@ -167,6 +167,13 @@ class Stack:
             for (name, device), dev in zip(cfg.worker_slots(), cfg.workers.devices, strict=True):
                 cmd = [py, "-m", "orchestration.worker", "--device", device, "--name", name]
                 cmd += ["--threads", str(dev.threads), "--nice", str(cfg.workers.niceness(dev)), *common]
+                if dev.ids is not None and dev.parallel is not None:  # a device group: rank 0 starts the rest
+                    cmd += [
+                        "--group-ids",
+                        ",".join(map(str, dev.ids)),
+                        "--parallel",
+                        dev.parallel.model_dump_json(),
+                    ]
                 self.commands[f"worker-{name}"] = cmd + ([] if cfg.workers.warm else ["--no-warm"])
             for name in cfg.media_worker_names():
                 cmd = [py, "-m", "orchestration.worker", "--pool", "media", "--device", "cpu", "--name", name]

@@ -119,6 +119,7 @@ def health(ctx: ApiContext) -> dict[str, Any]:
                 "resources": s.get("resources"),
                 "admission_plan": s.get("admission_plan"),
                 "dit_residency": s.get("dit_residency"),
+                "group": s.get("group"),  # a device group: its ranks, split and followers
             }
         )
     media = [

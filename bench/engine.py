@@ -105,7 +105,7 @@ def _ulysses_rank(rank: int, ranks: int, port: int, cfg: InferenceConfig, req: d
     from shotloom.request import GenerationRequest
 
     torch.set_num_threads(1)  # the ranks share this machine's cores
-    device = init_group(rank, ranks, "cpu", master_port=port, timeout_s=300)
+    device = init_group(rank, ParallelConfig(ulysses=ranks), "cpu", master_port=port, timeout_s=300)
     try:
         adapter = WanAdapter.load(cfg, device)
         enable_context_parallel(adapter, ParallelConfig(ulysses=ranks))

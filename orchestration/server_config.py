@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestration.launcher import GPU_TAG, MEDIA_TAG
 from orchestration.storage import sqlite_storage_config
 from shotloom.api_config import ApiConfig
 from shotloom.config import REPO_ROOT, Adapter
+from shotloom.parallel import ParallelConfig
 
 SERVICE_SCHEMA = "shotloom"  # the service store's PostgreSQL schema (Dagster's tables stay in public)
 
@@ -40,10 +41,21 @@ class InferenceRef(_Strict):
 
 
 class DeviceConfig(_Strict):
-    device: str = Field(description="'cpu' (or 'cpu:n'), 'cuda:<logical id>' or a bare logical id.")
-    threads: int = Field(default=0, ge=0, description="torch CPU threads (0 = torch's default).")
+    device: str = Field(
+        description="'cpu' (or 'cpu:n'), 'cuda:<logical id>' or a bare logical id; a group: 'cpu' or 'cuda'."
+    )
+    threads: int = Field(default=0, ge=0, description="torch CPU threads (0 = torch's default); per rank.")
     nice: int | None = Field(
         default=None, ge=0, le=19, description="CPU scheduling niceness (default: workers.cpu_nice / 0)."
+    )
+    ids: list[int] | None = Field(
+        default=None,
+        min_length=2,
+        description="A device group: these devices (CUDA logical ids; on CPU, one rank each) run one "
+        "job together, one slot in the queue. Needs parallel.",
+    )
+    parallel: ParallelConfig | None = Field(
+        default=None, description="How a group splits each denoise: {ulysses: N} (ring: CUDA only)."
     )
 
     @field_validator("device", mode="before")
@@ -51,9 +63,31 @@ class DeviceConfig(_Strict):
     def _as_str(cls, v: Any) -> str:
         return str(v)
 
+    @model_validator(mode="after")
+    def _group(self) -> DeviceConfig:
+        if (self.ids is None) != (self.parallel is None):
+            raise ValueError("a device group needs both ids and parallel")
+        if self.ids is not None and self.parallel is not None:
+            if len(set(self.ids)) != len(self.ids):
+                raise ValueError(f"ids: repeated device in {self.ids}")
+            if len(self.ids) != self.parallel.degree:
+                raise ValueError(
+                    f"parallel: ulysses x ring = {self.parallel.degree} ranks, "
+                    f"but ids names {len(self.ids)} devices"
+                )
+            if self.device not in ("cpu", "cuda"):
+                raise ValueError(
+                    f"device: a group's is 'cpu' or 'cuda' (its ids say which), got {self.device!r}"
+                )
+        return self
+
     @property
     def is_cpu(self) -> bool:
         return self.device.partition(":")[0] == "cpu"
+
+    @property
+    def is_group(self) -> bool:
+        return self.ids is not None
 
 
 class WorkersConfig(_Strict):
@@ -273,7 +307,10 @@ class ServerConfig(_Strict):
         slots, cpus = [], 0
         prefix = self.workers.name_prefix
         for d in self.workers.devices:
-            if d.is_cpu:
+            if d.is_group:  # cpu-g0-1 / cuda-0-1: the group's devices, rank 0 first
+                ids = "-".join(map(str, d.ids or ()))
+                slots.append((f"{prefix}{d.device}-{'g' if d.is_cpu else ''}{ids}", f"{d.device}:{d.ids[0]}"))
+            elif d.is_cpu:
                 slots.append((f"{prefix}cpu-{cpus}", f"cpu:{cpus}"))
                 cpus += 1
             else:

@@ -48,9 +48,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from shotloom.parallel import GroupSpec, ParallelConfig, RankGroup
 from shotloom.performance import PerformanceError
 
 log = logging.getLogger("shotloom.worker")
+GROUP_LOST_EXIT = 75  # a rank of this worker's device group died: the whole group restarts
 
 
 def pin_device(device: str, threads: int) -> str:
@@ -129,6 +131,7 @@ class Worker:
         runtime_cfg=None,
         pool: str = "device",
         api_url: str | None = None,
+        group: GroupSpec | None = None,
     ):
         from dagster import DagsterInstance
 
@@ -152,6 +155,8 @@ class Worker:
         self.url = ""
         self.api_url = api_url  # told when a run ended (its follower reads runs now, not at its tick)
         self._server: ThreadingHTTPServer | None = None
+        self.group_spec = group  # a device group: this worker is its rank 0 (shotloom.parallel)
+        self.group: RankGroup | None = None
 
     # -- called from HTTP threads ---------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -172,6 +177,14 @@ class Worker:
                 "admission_plan": self.admission_plan,
                 "dit_residency": self.residency,
                 "residency_policy": self.runtime_cfg.dit_residency,
+                "group": None
+                if self.group is None
+                else {
+                    "ranks": self.group.ranks,
+                    "parallel": self.group.spec.parallel.model_dump(),
+                    "follower_pids": self.group.pids(),
+                    "dead_ranks": self.group.dead(),
+                },
             }
         runtimes = runtimes_snapshot()
         return {
@@ -219,6 +232,30 @@ class Worker:
             log.error("%s: %s", self.name, exc)
             raise SystemExit(2) from exc
 
+    def _start_group(self, spec: GroupSpec) -> None:
+        """Start the group's other ranks and join them (before this worker offers itself), and
+        watch them: a rank that dies takes the whole group down (this process exits), so
+        server.py restarts it whole and the run it was on resumes as after any worker's death."""
+        self.group = RankGroup(spec)
+        started = time.perf_counter()
+        self.group.start()
+        log.info(
+            "%s: joined a group of %d ranks in %.1fs",
+            self.name,
+            self.group.ranks,
+            time.perf_counter() - started,
+        )
+
+        def watch() -> None:
+            while not self.stopping:
+                dead = self.group.dead() if self.group is not None else []
+                if dead:
+                    log.error("%s: rank(s) %s of its group died; restarting the whole group", self.name, dead)
+                    os._exit(GROUP_LOST_EXIT)
+                time.sleep(0.5)
+
+        threading.Thread(target=watch, name="group-watch", daemon=True).start()
+
     def loads(self) -> int:
         return sum(r["loads"] for r in runtimes_snapshot())
 
@@ -232,6 +269,11 @@ class Worker:
         rt.headroom = Headroom.from_env(
             Headroom(gpu_fraction=rc.gpu_headroom_fraction, ram_fraction=rc.ram_headroom_fraction)
         )
+        if self.group is not None and rt.group is None:  # rank 0: its denoises run on the group
+            from shotloom.admission import GroupProbe
+
+            rt.group = self.group
+            rt.probe = GroupProbe.of(rt.device, self.group.ranks)  # a job must fit on every device
         if not rt.loaded:  # residency is chosen before a load, from live free memory
             self.residency = rt.apply_residency(rc.dit_residency).to_json()
         return rt
@@ -555,6 +597,8 @@ class Worker:
         threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True).start()
         if self.pool == "device":
             self._check_performance()
+            if self.group_spec is not None:
+                self._start_group(self.group_spec)
         registry = WorkerRegistry(self.instance.run_storage)
         record = WorkerRecord(self.name, self.url, os.getpid(), self.boot_id, self.device, self.pool)
         registry.publish(record)
@@ -595,6 +639,8 @@ class Worker:
             except Exception:
                 log.exception("%s: could not withdraw from the registry", self.name)
             self._server.shutdown()
+            if self.group is not None:
+                self.group.close()
             log.info("%s stopped", self.name)
 
 
@@ -687,9 +733,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0, help="status port (0 = any free port)")
     parser.add_argument("--no-warm", dest="warm", action="store_false", help="load weights on first run")
     parser.add_argument("--server-config", default="", help="server YAML (its runtime section)")
+    parser.add_argument(
+        "--group-ids", default="", help="a device group: its devices, e.g. 0,1 (rank 0 first)"
+    )
+    parser.add_argument("--parallel", default="", help='a group\'s split, JSON: {"ulysses": 2}')
     args = parser.parse_args(argv)
 
     device = pin_device(args.device, args.threads)  # before anything imports torch
+    group = None
+    if args.group_ids:
+        kind = device.partition(":")[0]
+        if kind == "cuda":  # every rank sees the group's devices; rank r uses logical id r
+            os.environ["CUDA_VISIBLE_DEVICES"] = args.group_ids
+        device = f"{kind}:0"
+        group = GroupSpec(
+            parallel=ParallelConfig.model_validate_json(args.parallel or "{}"),
+            device_type=kind,
+            threads=args.threads,
+        )
     if args.nice > 0:
         os.nice(args.nice)  # torch's threads, started later, inherit it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -704,7 +765,7 @@ def main(argv: list[str] | None = None) -> None:
     runtime_cfg = server.runtime if server else RuntimeConfig()
     api_url = server.api.local_url() if server else None
     worker = Worker(
-        name, device, args.threads, Path(args.state_dir), args.warm, runtime_cfg, args.pool, api_url
+        name, device, args.threads, Path(args.state_dir), args.warm, runtime_cfg, args.pool, api_url, group
     )
     worker.serve(args.host, args.port, args.advertise or None)
 

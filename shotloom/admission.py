@@ -149,6 +149,36 @@ class LiveProbe:
 
 
 @dataclass
+class GroupProbe:
+    """A device group's devices: a job fits when it fits on each (every rank holds the DiT and a
+    part of the activations), so GPU memory is the least free of them; RAM is the host's."""
+
+    probes: list[LiveProbe]
+
+    @classmethod
+    def of(cls, device: str, ranks: int) -> GroupProbe:
+        kind, _ = _parse_device(str(device))
+        if kind != "cuda":  # CPU ranks share the host's RAM: one probe says it
+            return cls([LiveProbe(device)])
+        return cls([LiveProbe(f"cuda:{i}") for i in range(ranks)])
+
+    @property
+    def device(self) -> str:
+        return self.probes[0].device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.probes[0].is_cuda
+
+    def gpu(self) -> MemoryInfo | None:
+        infos = [info for p in self.probes if (info := p.gpu()) is not None]
+        return min(infos, key=lambda i: i.free_bytes) if infos else None
+
+    def ram(self) -> MemoryInfo:
+        return self.probes[0].ram()
+
+
+@dataclass
 class FakeProbe:
     """Hand-set memory figures (tests; simulating a CUDA device). ``gpu_info=None`` means a CPU device."""
 

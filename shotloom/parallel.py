@@ -47,18 +47,29 @@ class ParallelConfig(BaseModel):
         return self.ulysses * self.ring
 
 
+# This process's group, once :func:`init_group` joined it: its config and its device mesh (built
+# once, collectively, at the join: a DiT loaded later, or reloaded, is split without a collective).
+_GROUP: dict[str, Any] = {}
+
+
+def group_config() -> ParallelConfig | None:
+    """The ``parallel`` config of the group this process belongs to (None: no group)."""
+    return _GROUP.get("config")
+
+
 def init_group(
     rank: int,
-    world_size: int,
+    cfg: ParallelConfig,
     device_type: str,
     master_addr: str = "127.0.0.1",
     master_port: int = 29500,
     device_id: int | None = None,
     timeout_s: float = 600.0,
 ) -> str:
-    """Join this process to the group (every rank calls it, it returns once all have); returns the
-    device this rank loads onto: ``cpu`` (gloo) or ``cuda:<id>`` (NCCL, one device per rank;
-    ``device_id`` defaults to ``rank``, i.e. the group's devices are its CUDA_VISIBLE_DEVICES).
+    """Join this process to the group of ``cfg.degree`` ranks (every rank calls it, it returns once
+    all have) and build the group's device mesh; returns the device this rank loads onto: ``cpu``
+    (gloo) or ``cuda:<id>`` (NCCL, one device per rank; ``device_id`` defaults to ``rank``, i.e. the
+    group's devices are its CUDA_VISIBLE_DEVICES).
 
     On a CPU-only host diffusers 0.42.1 divides by ``torch.accelerator.device_count()`` (0) when it
     records a rank's device; :func:`enable_context_parallel` answers 1 for that call alone rather
@@ -82,10 +93,21 @@ def init_group(
         backend=backend,
         init_method=f"tcp://{master_addr}:{master_port}",
         rank=rank,
-        world_size=world_size,
+        world_size=cfg.degree,
         timeout=timedelta(seconds=timeout_s),
         device_id=bound,
     )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    # One mesh for all the DiTs (Wan 2.2's two experts share it), on the group's device type:
+    # diffusers would build one per DiT on the host's accelerator type, wrong for a CPU (gloo)
+    # group on a CUDA host. Building it is collective: every rank does it here, together.
+    mesh = init_device_mesh(
+        "cuda" if backend == "nccl" else "cpu",
+        mesh_shape=(cfg.ring, cfg.ulysses),
+        mesh_dim_names=("ring", "ulysses"),
+    )
+    _GROUP.update(config=cfg, mesh=mesh)
     return device
 
 
@@ -93,6 +115,7 @@ def close_group() -> None:
     """Leave the group (NCCL warns at exit otherwise)."""
     import torch.distributed as dist
 
+    _GROUP.clear()
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -171,23 +194,12 @@ def enable_context_parallel(target: FamilyAdapter | Sequence[Any], cfg: Parallel
     check_context_parallel(target, cfg)
     import torch.distributed as dist
     from diffusers import ContextParallelConfig
-    from torch.distributed.device_mesh import init_device_mesh
 
-    if not dist.is_initialized():
+    if not dist.is_initialized() or "mesh" not in _GROUP:
         raise RuntimeError("enable_context_parallel: call init_group first (the mesh is built on it)")
-    if dist.get_world_size() != cfg.degree:
-        raise ValueError(
-            f"parallel: ulysses x ring = {cfg.ulysses} x {cfg.ring} = {cfg.degree}, "
-            f"but the group has {dist.get_world_size()} ranks"
-        )
-    # One mesh for all the DiTs (Wan 2.2's two experts share it), on the group's device type:
-    # diffusers would build one per DiT on the host's accelerator type, wrong for a CPU (gloo)
-    # group on a CUDA host.
-    mesh = init_device_mesh(
-        "cuda" if dist.get_backend() == "nccl" else "cpu",
-        mesh_shape=(cfg.ring, cfg.ulysses),
-        mesh_dim_names=("ring", "ulysses"),
-    )
+    if _GROUP["config"] != cfg:
+        raise ValueError(f"parallel: {cfg} is not the group's {_GROUP['config']}")
+    mesh = _GROUP["mesh"]
     with _cpu_device_count():
         for module in _generators(target).values():
             cp = ContextParallelConfig(ulysses_degree=cfg.ulysses, ring_degree=cfg.ring, mesh=mesh)
@@ -248,3 +260,125 @@ def group_progress(progress: Progress | None) -> Progress:
             raise RuntimeError(f"rank 0 stopped the denoise at step {done}/{total}")
 
     return step
+
+
+# -- a device group: rank 0 (the worker that takes runs) and its follower ranks ---------------------
+class GroupSpec(BaseModel):
+    """How a worker's group runs: its ``parallel`` config, device type, torch threads a rank."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    parallel: ParallelConfig
+    device_type: str = Field(pattern="^(cpu|cuda)$")
+    threads: int = Field(default=0, ge=0, description="torch CPU threads of each follower rank (0: torch's).")
+    timeout_s: float = Field(default=600.0, gt=0, description="How long a collective waits for a rank.")
+
+
+class RankGroup:
+    """Rank 0's side of a device group. Ranks 1..N-1 are child processes it starts (each loads the
+    model on its own device and waits); a denoise on rank 0 first sends them the same conditioning
+    and request over a pipe (an idle wait has no collective timeout), then every rank runs it
+    (:func:`run_on_group` semantics: rank 0 keeps the output). A rank that dies leaves the group
+    unusable: :meth:`dead` says so and the worker restarts the whole group."""
+
+    def __init__(self, spec: GroupSpec):
+        self.spec = spec
+        self._procs: list[Any] = []
+        self._pipes: list[Any] = []
+        self.device: str | None = None
+
+    @property
+    def ranks(self) -> int:
+        return self.spec.parallel.degree
+
+    def start(self) -> str:
+        """Start the followers, join the group with them; returns rank 0's device."""
+        import multiprocessing as mp
+        import socket
+
+        ctx = mp.get_context("spawn")  # a fresh interpreter: torch's threads do not survive fork
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for rank in range(1, self.ranks):
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(
+                target=_follower_main, args=(rank, self.spec, port, theirs), name=f"rank-{rank}", daemon=True
+            )
+            proc.start()
+            self._procs.append(proc)
+            self._pipes.append(ours)
+        self.device = init_group(
+            0, self.spec.parallel, self.spec.device_type, master_port=port, timeout_s=self.spec.timeout_s
+        )
+        return self.device
+
+    def dead(self) -> list[int]:
+        """Ranks whose process has exited."""
+        return [rank for rank, proc in enumerate(self._procs, start=1) if not proc.is_alive()]
+
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self._procs]
+
+    def send_denoise(self, cond: Any, req: Any) -> None:
+        """Tell every follower to run the denoise rank 0 is about to run."""
+        message = ("denoise", dict(cond.tensors), dict(cond.meta), req.to_json())
+        for pipe in self._pipes:
+            pipe.send(message)
+
+    def close(self) -> None:
+        for pipe in self._pipes:
+            try:
+                pipe.send(("stop",))
+            except OSError:
+                pass
+        for proc in self._procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+        close_group()
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent (rank 0) dies, even by kill -9."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _follower_main(rank: int, spec: GroupSpec, port: int, pipe: Any) -> None:
+    """A follower rank: join, load the model (split by the group), run each denoise rank 0 sends."""
+    import logging
+
+    import torch
+
+    from shotloom.bundle import TensorBundle
+    from shotloom.request import GenerationRequest
+    from shotloom.runtime import get_runtime
+
+    _die_with_parent()
+    log = logging.getLogger(f"shotloom.rank{rank}")
+    if spec.threads > 0:
+        torch.set_num_threads(spec.threads)
+    device = init_group(rank, spec.parallel, spec.device_type, master_port=port, timeout_s=spec.timeout_s)
+    runtime = get_runtime(None, device)
+    runtime.adapter  # noqa: B018 - loads now: the first run does not wait for this rank
+    try:
+        while True:
+            try:
+                message = pipe.recv()
+            except EOFError:  # rank 0 is gone
+                return
+            if message[0] == "stop":
+                return
+            _, tensors, meta, req = message
+            try:
+                runtime.denoise(TensorBundle(tensors, meta), GenerationRequest.from_json(req))
+            except Exception as exc:  # rank 0's cancel reaches here too: wait for the next one
+                log.warning("rank %d: denoise ended: %s", rank, exc)
+    finally:
+        close_group()

@@ -23,6 +23,7 @@ from shotloom.cache import ConditioningCache, conditioning_key
 from shotloom.config import InferenceConfig, MemoryEstimates, load_inference_config
 from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress
 from shotloom.guides import measured
+from shotloom.parallel import group_config, group_progress
 from shotloom.performance import fp8_skip_patterns, resolve_step_cache
 from shotloom.request import GenerationRequest, Guide, MemorySlot
 
@@ -78,6 +79,7 @@ class ModelRuntime:
         self._adapter: FamilyAdapter | None = None
         self._lock = threading.Lock()
         self.compile_seconds: float | None = None  # the load's compile run (performance.compile)
+        self.group = None  # shotloom.parallel.RankGroup: this runtime is rank 0 of a device group
 
     # -- weights ------------------------------------------------------------
     @property
@@ -294,6 +296,8 @@ class ModelRuntime:
                 raise FileNotFoundError(f"input file not found: {path}")
         req = measured(req)
         self.adapter.check(req)
+        if (parallel := group_config()) is not None:
+            self.adapter.check_split(req, parallel)
         return req
 
     def condition(self, req: GenerationRequest, on_stage: OnStage = _quiet) -> tuple[TensorBundle, bool]:
@@ -333,6 +337,10 @@ class ModelRuntime:
     ):
         self.prepare_generator(on_stage)
         on_stage(stages.INFERRING)
+        if group_config() is not None:  # a rank of a device group: every rank runs this call
+            if self.group is not None:  # rank 0: the others start the same one
+                self.group.send_denoise(cond, req)
+            progress = group_progress(progress)
         with self.adapter.using_adapter(req.lora, req.lora_scale):
             return self.adapter.denoise(cond, req, progress)
 

@@ -81,7 +81,7 @@ def _tokens_seen(adapter: WanAdapter) -> list[int]:
 def _rank_main(rank: int, port: int, checkpoints: dict[str, Path], out_dir: Path) -> None:
     """One rank, as a worker of a device group runs it: join, load, parallelise, denoise."""
     torch.set_num_threads(1)
-    device = init_group(rank, RANKS, "cpu", master_port=port, timeout_s=60)
+    device = init_group(rank, ParallelConfig(ulysses=RANKS), "cpu", master_port=port, timeout_s=60)
     report: dict = {"device": device}
     try:
         for shape, ckpt in checkpoints.items():

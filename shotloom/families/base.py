@@ -20,6 +20,7 @@ import numpy as np
 from shotloom.bundle import TensorBundle
 from shotloom.capabilities import Capabilities, check_sampling, check_step_cache
 from shotloom.config import InferenceConfig
+from shotloom.parallel import enable_context_parallel, group_config
 from shotloom.request import GenerationRequest
 
 # progress(done, total) -> None; raising from it (e.g. on cancel) aborts the stage.
@@ -120,6 +121,47 @@ class FamilyAdapter(ABC):
         check_sampling(self.cfg.sampler_for(req.lora), req)
         check_step_cache(self.cfg.performance, req.step_cache)
 
+    # -- device groups (shotloom.parallel) ---------------------------------------------------------
+    # Families whose DiT runs split over a group's ranks (diffusers' context parallel plan, tested).
+    context_parallel = False
+
+    def check_group(self, parallel) -> None:
+        """Refuse, naming the key, what a device group cannot run (before any rank splits a DiT)."""
+        from shotloom.config import FirstBlockCache, MagCache
+        from shotloom.parallel import check_context_parallel
+        from shotloom.performance import PerformanceError
+
+        if not self.context_parallel:
+            raise ValueError(f"parallel: the {self.family} family runs on one device (no tested split)")
+        check_context_parallel(self, parallel)
+        perf = self.cfg.performance
+        for name, cache in perf.step_caches.items():
+            # Each rank would decide from its own part of the sequence: ranks that disagree hang.
+            if isinstance(cache, FirstBlockCache | MagCache):
+                raise PerformanceError(
+                    f"step_caches.{name}",
+                    f"a {cache.kind} cache decides per rank; a device group cannot use it",
+                )
+        if perf.compile.enabled:
+            raise PerformanceError("compile", "not with a device group in this release (untested)")
+
+    def dit_tokens(self, req: GenerationRequest) -> int:
+        """The DiT's sequence length for ``req`` (what a device group splits)."""
+        raise NotImplementedError
+
+    def check_split(self, req: GenerationRequest, parallel) -> None:
+        """CapabilityError when ``req``'s DiT sequence does not split evenly over the group."""
+        from shotloom.capabilities import CapabilityError
+
+        tokens = self.dit_tokens(req)
+        if tokens % parallel.degree:
+            raise CapabilityError(
+                "num_frames",
+                f"{req.width}x{req.height}, {req.num_frames} frames make {tokens} DiT tokens, which do not "
+                f"split over this worker group's {parallel.degree} ranks: choose a size or frame count "
+                f"giving a multiple of {parallel.degree}",
+            )
+
     # -- performance (shotloom.performance) -------------------------------------------------------
     def setup_generators(self, names: list[str] | None = None) -> None:
         """After the DiT(s) ``names`` (default: all) came from the checkpoint: the LoRA adapters,
@@ -134,6 +176,9 @@ class FamilyAdapter(ABC):
         for module in modules:
             prepare_generator(module, perf, self.generator_dtype(), self.device)
         check_step_caches(modules, perf, self.cfg.sampler.steps or 1)
+        if (parallel := group_config()) is not None:  # a rank of a device group: split every DiT
+            self.check_group(parallel)
+            enable_context_parallel(modules, parallel)
         if perf.compile.enabled:
             for module in modules:
                 compile_generator(module, perf.compile)

@@ -535,6 +535,13 @@ class WanAdapter(FamilyAdapter):
         mean, std = _latent_stats(vae, z.device, z.dtype)
         return ((z - mean) / std).float()
 
+    context_parallel = True  # diffusers' _cp_plan for WanTransformer3DModel (not the VACE one)
+
+    def dit_tokens(self, req: GenerationRequest) -> int:
+        _, _, frames, height, width = self._latent_shape(req, 1)
+        pt, ph, pw = self.generator_config().patch_size
+        return (frames // pt) * (height // ph) * (width // pw)
+
     def _latent_shape(self, req: GenerationRequest, channels: int) -> tuple[int, int, int, int, int]:
         pipe = self.pipe
         frames = (req.num_frames - 1) // pipe.vae_scale_factor_temporal + 1

@@ -1,0 +1,124 @@
+"""One job across a group of devices (#23 point 3): a device worker that owns two CPU ranks (gloo,
+Ulysses 2) beside a one-device worker, in the real service. The group is one slot in the run
+queue; its shots are byte-identical to the one-device worker's for the same seed; the queue stays
+FIFO and exactly-once across both; kill -9 of the group's second rank restarts the whole group and
+the run it was on resumes and succeeds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from orchestration.launcher import WORKER_TAG, read_workers
+from shotloom.families.wan import WanAdapter
+
+from api_stack import launch, stop_api_stack, wait_for, wait_ready
+from conftest import free_port, write_inference_yaml, write_server_yaml
+
+pytestmark = pytest.mark.slow
+
+GROUP, SINGLE = "cpu-g0-1", "cpu-0"
+SHOT = {"work_id": "film", "prompt": "a red kite over the sea", "seed": 11, "memory_slots": []}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    root = tmp_path_factory.mktemp("group")
+    # Wan T2V: its DiT has diffusers' context-parallel plan (VACE's has none).
+    checkpoint = WanAdapter.build_tiny_checkpoint(root / "t2v", shape="t2v")
+    sampler = {"mode": "native", "steps": 3, "guidance_scale": 4.0}
+    inference = write_inference_yaml(
+        root / "inference.yaml", "wan", checkpoint, root / "cache", sampler=sampler
+    )
+    state = root / "state"
+    state.mkdir()
+    devices = [
+        {"device": "cpu", "threads": 1},
+        {"device": "cpu", "threads": 1, "ids": [0, 1], "parallel": {"ulysses": 2}},
+    ]
+    config = write_server_yaml(
+        root / "server.yaml", state, free_port(), inference, api={"host": "127.0.0.1", "port": free_port()}
+    )
+    data = yaml.safe_load(config.read_text())
+    data["workers"] = {"warm": True, "devices": devices, "media": 1}
+    config.write_text(yaml.safe_dump(data))
+    api = wait_ready(launch(config, state), timeout=240)
+    yield api
+    stop_api_stack(api)
+
+
+def worker_status(stack, name: str) -> dict:
+    [record] = [w for w in read_workers(stack.state, "device") if w.name == name]
+    return httpx.get(record.url + "/status", timeout=5).json()
+
+
+def submit(stack, shot_id: str, **changes) -> str:
+    resp = stack.post("/r2v", {**SHOT, "shot_id": shot_id, **changes})
+    assert resp.status_code == 202, resp.text
+    return resp.json()["version_id"]
+
+
+def video_sha(done: dict) -> str:
+    [video] = [a for a in done["artifacts"] if a["kind"] == "video"]
+    return video["sha256"]
+
+
+def test_a_group_is_one_slot_and_makes_the_same_shot_as_one_device(stack):
+    group = worker_status(stack, GROUP)
+    assert group["group"]["ranks"] == 2 and group["group"]["dead_ranks"] == []
+    assert worker_status(stack, SINGLE)["group"] is None
+    health = {w["name"]: w for w in stack.get("/health").json()["inference"]["workers"]}
+    assert health[GROUP]["ready"] and health[GROUP]["group"]["parallel"] == {"ulysses": 2, "ring": 1}
+    assert health[SINGLE]["ready"] and health[SINGLE]["group"] is None
+
+    versions = [submit(stack, f"s{i}") for i in range(6)]
+    done = [stack.wait_version(v, timeout=240) for v in versions]
+    assert [d["status"] for d in done] == ["succeeded"] * 6, done
+    # Same request, same seed: the same bytes, whichever worker (one device or two ranks) made it.
+    assert len({video_sha(d) for d in done}) == 1
+    workers = []
+    for v in versions:  # exactly once: one run each, succeeded
+        runs = [r for r in stack.runs_of(v) if r.job_name == "r2v"]  # not its stills' run
+        assert [r.status for r in runs] == ["SUCCESS"], runs
+        workers.append(runs[0].tags[WORKER_TAG])
+    assert set(workers) == {GROUP, SINGLE}, workers  # both slots took runs
+    claimed = [d["stage_times"]["claimed"] for d in done]
+    assert claimed == sorted(claimed)  # FIFO across the two slots
+
+
+def test_kill_9_of_a_rank_restarts_the_group_and_the_run_resumes(stack):
+    before = worker_status(stack, GROUP)
+    # Long enough to be caught mid-denoise on the group (two jobs: each worker takes one).
+    slow = {"num_inference_steps": 60, "num_frames": 33}
+    versions = [submit(stack, f"long{i}", **slow) for i in range(2)]
+
+    def group_busy():
+        status = worker_status(stack, GROUP)
+        return status if status["state"] == "busy" and status["run_id"] else None
+
+    busy = wait_for(group_busy, 60, "the group to take a run", interval=0.1)
+    time.sleep(0.5)  # into the denoise
+    os.kill(busy["group"]["follower_pids"][0], signal.SIGKILL)
+
+    def restarted():
+        try:
+            status = worker_status(stack, GROUP)
+        except (httpx.HTTPError, ValueError):
+            return None
+        return status if status["boot_id"] != before["boot_id"] else None
+
+    after = wait_for(restarted, 120, "the group to restart", interval=0.5)
+    assert after["group"]["follower_pids"] != busy["group"]["follower_pids"]
+    done = [stack.wait_version(v, timeout=300) for v in versions]
+    assert [d["status"] for d in done] == ["succeeded"] * 2, done
+    assert video_sha(done[0]) == video_sha(done[1])  # same seed and request: same bytes
+    interrupted = next(v for v in versions if busy["run_id"] in {r.run_id for r in stack.runs_of(v)})
+    assert any(r.status == "SUCCESS" for r in stack.runs_of(interrupted) if r.job_name == "r2v")
+    log = (Path(stack.state) / "logs" / f"worker-{GROUP}.log").read_text()
+    assert "of its group died" in log
