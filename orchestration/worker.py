@@ -236,7 +236,14 @@ class Worker:
         """Start the group's other ranks and join them (before this worker offers itself), and
         watch them: a rank that dies takes the whole group down (this process exits), so
         server.py restarts it whole and the run it was on resumes as after any worker's death."""
-        self.group = RankGroup(spec)
+
+        def lost(dead: list[int]) -> None:
+            log.error(
+                "%s: rank(s) %s of its group died or fell out of step; restarting the group", self.name, dead
+            )
+            os._exit(GROUP_LOST_EXIT)
+
+        self.group = RankGroup(spec, on_lost=lost)
         started = time.perf_counter()
         self.group.start()
         log.info(
@@ -250,8 +257,7 @@ class Worker:
             while not self.stopping:
                 dead = self.group.dead() if self.group is not None else []
                 if dead:
-                    log.error("%s: rank(s) %s of its group died; restarting the whole group", self.name, dead)
-                    os._exit(GROUP_LOST_EXIT)
+                    lost(dead)
                 time.sleep(0.5)
 
         threading.Thread(target=watch, name="group-watch", daemon=True).start()

@@ -237,18 +237,56 @@ def run_on_group(call: Callable[[], T]) -> T | None:
     return result if not dist.is_initialized() or dist.get_rank() == 0 else None
 
 
-def group_progress(progress: Progress | None) -> Progress:
+@contextmanager
+def held_interrupts() -> Iterator[Callable[[], None]]:
+    """SIGINT (how a worker cancels the run in its main thread) held while the group denoises: an
+    interrupt raised in the middle of a DiT call would leave rank 0 out of step with the others,
+    which wait in the next collective forever. Yields ``deliver``: at a step boundary it runs the
+    handler that was replaced (which raises the interrupt) if one came. Off the main thread, or
+    without a Python handler, nothing is held."""
+    import signal
+    import threading
+
+    original = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(original):
+        yield lambda: None
+        return
+    held: list[Any] = []
+
+    def hold(signo: int, frame: Any) -> None:
+        held.append((signo, frame))
+
+    def deliver() -> None:
+        if held:
+            signo, frame = held[-1]
+            held.clear()
+            original(signo, frame)  # raises (KeyboardInterrupt, Dagster's interrupted error)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield deliver
+    finally:
+        signal.signal(signal.SIGINT, original)
+        if held:  # came after the last step boundary: the next one outside will see it
+            signal.raise_signal(signal.SIGINT)
+
+
+def group_progress(progress: Progress | None, interrupts: Callable[[], None] | None = None) -> Progress:
     """Rank 0's progress callback, with its verdict shared after every step: a cancel (the
-    callback raising) on rank 0 alone would leave the other ranks waiting forever in the next
-    all-to-all, so all ranks raise together. One tiny broadcast a step."""
+    callback raising, or a held interrupt delivered by ``interrupts``) on rank 0 alone would
+    leave the other ranks waiting forever in the next all-to-all, so all ranks raise together.
+    One tiny broadcast a step."""
     import torch
     import torch.distributed as dist
 
     def step(done: int, total: int) -> None:
         error: BaseException | None = None
-        if dist.get_rank() == 0 and progress is not None:
+        if dist.get_rank() == 0:
             try:
-                progress(done, total)
+                if interrupts is not None:
+                    interrupts()
+                if progress is not None:
+                    progress(done, total)
             except BaseException as exc:  # re-raised below, once the other ranks know
                 error = exc
         device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
@@ -281,11 +319,41 @@ class RankGroup:
     (:func:`run_on_group` semantics: rank 0 keeps the output). A rank that dies leaves the group
     unusable: :meth:`dead` says so and the worker restarts the whole group."""
 
-    def __init__(self, spec: GroupSpec):
+    def __init__(self, spec: GroupSpec, on_lost: Callable[[list[int]], None] | None = None):
         self.spec = spec
         self._procs: list[Any] = []
         self._pipes: list[Any] = []
         self.device: str | None = None
+        # What the owner does when a rank is gone (a worker: exit, so the group restarts whole).
+        self.on_lost = on_lost
+
+    def lost(self, grace_s: float = 3.0) -> bool:
+        """After a failed denoise: whether a rank died (waiting ``grace_s`` for its exit to show,
+        since its peers' collective fails first); if so, ``on_lost`` runs before this returns."""
+        import time
+
+        deadline = time.monotonic() + grace_s
+        while not (dead := self.dead()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if dead and self.on_lost is not None:
+            self.on_lost(dead)
+        return bool(dead)
+
+    @contextmanager
+    def denoising(self, progress: Progress | None) -> Iterator[Progress]:
+        """Around rank 0's denoise (after :meth:`send_denoise`): interrupts held to step
+        boundaries, the step verdict shared, and a failure that lost a rank reported to
+        ``on_lost`` (a collective error without a dead rank also leaves the group unusable)."""
+        import torch.distributed as dist
+
+        try:
+            with held_interrupts() as deliver:
+                yield group_progress(progress, deliver)
+        except Exception as exc:
+            collective = isinstance(exc, dist.DistError) or "gloo" in str(exc) or "NCCL" in str(exc)
+            if not self.lost() and collective and self.on_lost is not None:
+                self.on_lost([])
+            raise
 
     @property
     def ranks(self) -> int:

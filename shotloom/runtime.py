@@ -337,10 +337,12 @@ class ModelRuntime:
     ):
         self.prepare_generator(on_stage)
         on_stage(stages.INFERRING)
-        if group_config() is not None:  # a rank of a device group: every rank runs this call
-            if self.group is not None:  # rank 0: the others start the same one
-                self.group.send_denoise(cond, req)
-            progress = group_progress(progress)
+        if self.group is not None:  # rank 0 of a device group: the other ranks run the same call
+            self.group.send_denoise(cond, req)
+            with self.group.denoising(progress) as step, self.adapter.using_adapter(req.lora, req.lora_scale):
+                return self.adapter.denoise(cond, req, step)
+        if group_config() is not None:  # another rank: steps as rank 0 says
+            progress = group_progress(None)
         with self.adapter.using_adapter(req.lora, req.lora_scale):
             return self.adapter.denoise(cond, req, progress)
 
