@@ -45,6 +45,7 @@ def build_context(cfg: ServerConfig) -> ApiContext:
         capabilities=follower.capabilities,
         defaults=inference.defaults,
         sampler_for=inference.sampler_for,
+        performance=inference.performance,
         terminate=lambda run_id: gateway.terminate(run_id, wait_starting_s=0),
         assets_dir=cfg.inputs_dir(),
         references=MediaWorkerReferences(

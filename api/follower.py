@@ -48,7 +48,8 @@ STILLS = ("thumbnail", "spritesheet")  # image artifacts recorded beside each vi
 # Materialization metadata copied into a succeeded job's result (read by both dialects' views).
 RESULT_KEYS = (
     "width", "height", "frames", "fps", "duration_s", "has_audio", "seed", "video_mode", "peak_memory_mb",
-    "num_inference_steps", "guidance_scale", "sampler",  # how a shot was sampled (not on a film)
+    # How a shot was sampled (not on a film).
+    "num_inference_steps", "guidance_scale", "sampler", "step_cache",
 )  # fmt: skip
 IMAGE_KIND = "image"
 CANCEL_RETRY_S = 5.0

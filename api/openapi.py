@@ -3,10 +3,10 @@
 
 Bodies the OpenAI routes read by hand (JSON or multipart) are declared by reference to the request
 model. The constraints that depend on the loaded model (its size and frame grids, frame rates,
-guidance range, step count) and on the server YAML (longest clip, largest size) are written into
-the ``/v1`` document once a worker has published the model's capabilities, so that a request the
-document calls valid is one the server accepts or refuses only for its content (an input that
-does not decode, a full queue).
+guidance range, step count, step cache presets) and on the server YAML (longest clip, largest
+size, the step caches it offers) are written into the ``/v1`` document once a worker has
+published the model's capabilities, so that a request the document calls valid is one the
+server accepts or refuses only for its content (an input that does not decode, a full queue).
 """
 
 from __future__ import annotations
@@ -181,9 +181,12 @@ def constrain(doc: dict[str, Any], model: ServedModel) -> dict[str, Any]:
         steps = {"minimum": 1, "maximum": max(r.step_range[1] for r in rules)}
     else:
         steps = {"enum": sorted({r.steps for r in rules})}
+    # Step caches: the model's (every adapter's too) that the server offers, and "none".
+    caches = {"enum": list(model.sampling.step_caches)}
     for props in bodies:
         _set(props["guidance_scale"], {"minimum": lo, "maximum": hi})
         _set(props["num_inference_steps"], steps)
+        _set(props["step_cache"], caches)
         for branch in props["seconds"]["anyOf"]:
             if branch.get("type") == "number":
                 branch["maximum"] = model.max_seconds

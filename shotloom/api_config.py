@@ -106,10 +106,11 @@ class OpenAIConfig(_Strict):
 
 
 class SamplingLimits(_Strict):
-    """What a request may ask of the sampler (``num_inference_steps``, ``guidance_scale``, both
-    dialects). A ``native`` sampler takes any step count from 1 to ``max_steps``; a ``dmd`` one its
-    own count only, whatever this says. Guidance: within ``guidance_scale`` and the model family's
-    own range."""
+    """What a request may ask of the sampler (``num_inference_steps``, ``guidance_scale``,
+    ``step_cache``, both dialects). A ``native`` sampler takes any step count from 1 to
+    ``max_steps``; a ``dmd`` one its own count only, whatever this says. Guidance: within
+    ``guidance_scale`` and the model family's own range. Step caches: the model's presets (its
+    ``performance.step_caches``) that ``step_caches`` lets through."""
 
     max_steps: int = Field(
         default=100,
@@ -119,6 +120,12 @@ class SamplingLimits(_Strict):
     )
     guidance_scale: tuple[float, float] = Field(
         default=(1.0, 20.0), description="[min, max] guidance_scale a request may ask for."
+    )
+
+    step_caches: list[str] | None = Field(
+        default=None,
+        description="The model's step cache presets (performance.step_caches) a request may ask for by "
+        "name; None: every one it declares. 'none' and the model's default are always allowed.",
     )
 
     @field_validator("guidance_scale")

@@ -103,11 +103,19 @@ class ApiStack:
 
 
 def write_server_yaml(
-    root: Path, checkpoint: Path, api: dict | None = None, sampler: dict | None = None, **extra
+    root: Path,
+    checkpoint: Path,
+    api: dict | None = None,
+    sampler: dict | None = None,
+    performance: dict | None = None,
+    **extra,
 ) -> tuple[Path, Path]:
     """Server YAML for the tiny Wan checkpoint, 2 CPU workers, the API on a free port; ``sampler``:
-    the inference YAML's (default: dmd on four sigmas)."""
+    the inference YAML's (default: dmd on four sigmas); ``performance``: the inference YAML's
+    (default: none of diffusers' speed options, no step cache presets)."""
     overrides = {"sampler": sampler} if sampler is not None else {}
+    if performance is not None:
+        overrides["performance"] = performance
     inference = write_inference_yaml(root / "inference.yaml", "wan", checkpoint, root / "cache", **overrides)
     state = root / "state"
     state.mkdir(exist_ok=True)
@@ -147,9 +155,10 @@ def start_api_stack(
     api: dict | None = None,
     authorization: str | None = None,
     sampler: dict | None = None,
+    performance: dict | None = None,
     **extra,
 ) -> ApiStack:
-    config, state = write_server_yaml(root, checkpoint, api, sampler, **extra)
+    config, state = write_server_yaml(root, checkpoint, api, sampler, performance, **extra)
     return wait_ready(launch(config, state, authorization))
 
 

@@ -16,7 +16,7 @@ from api.r2v.serving import ApiError, R2VServing
 from api.r2v.views import version_response
 from api.store import Store
 from shotloom.api_config import ApiConfig
-from shotloom.config import Sampler
+from shotloom.config import Performance, Sampler
 from shotloom.media import write_mp4
 
 WAN_LIKE = {  # what a tiny Wan VACE worker publishes
@@ -48,7 +48,9 @@ def store(tmp_path) -> Store:
     s.close()
 
 
-def make_intake(tmp_path, store, caps=None, sampler_for=None, **api) -> tuple[R2VServing, list[int]]:
+def make_intake(
+    tmp_path, store, caps=None, sampler_for=None, performance=None, **api
+) -> tuple[R2VServing, list[int]]:
     """The R2V dialect's serving layer on a real job service."""
     pokes: list[int] = []
     jobs = JobService(
@@ -59,6 +61,7 @@ def make_intake(tmp_path, store, caps=None, sampler_for=None, **api) -> tuple[R2
         on_accept=lambda: pokes.append(1),
         capabilities=lambda: caps,
         sampler_for=sampler_for,
+        performance=performance,
     )
     return R2VServing(jobs), pokes
 
@@ -245,13 +248,13 @@ def test_r2v_steps_and_guidance_are_honoured_within_the_servers_limits_and_the_s
     config = job.request["run_config"]["ops"]["condition_op"]["config"]
     assert (config["num_inference_steps"], config["guidance_scale"]) == (10, 7.5)
     # GET /version says what it runs with: asked, else its sampler's default.
-    view = version_response(job, None, [], "http://x", intake.jobs.sampler_for)
+    view = version_response(job, None, [], "http://x", intake.jobs.sampling)
     assert (view.num_inference_steps, view.guidance_scale, view.sampler_mode) == (10, 7.5, "native")
     job = intake.accept_r2v(r2v(shot_id="t"), None).job
-    view = version_response(job, None, [], "http://x", intake.jobs.sampler_for)
+    view = version_response(job, None, [], "http://x", intake.jobs.sampling)
     assert (view.num_inference_steps, view.guidance_scale, view.sampler_mode) == (3, 1.0, "native")
     job = intake.accept_r2v(r2v(shot_id="u", lora={"name": "draft"}, num_inference_steps=2), None).job
-    view = version_response(job, None, [], "http://x", intake.jobs.sampler_for)
+    view = version_response(job, None, [], "http://x", intake.jobs.sampling)
     assert (view.num_inference_steps, view.sampler_mode) == (2, "dmd")
 
     for fields, field, words in (
@@ -268,3 +271,50 @@ def test_r2v_steps_and_guidance_are_honoured_within_the_servers_limits_and_the_s
     assert refused(lambda: early.accept_r2v(r2v(num_inference_steps=11), None), 422).field == (
         "num_inference_steps"
     )
+
+
+def test_r2v_step_cache_is_one_of_the_models_presets_the_server_allows(tmp_path, store):
+    perf = Performance.model_validate(
+        {
+            "step_caches": {
+                "fbc": {"kind": "first_block", "threshold": 0.2},
+                "fast": {"kind": "first_block", "threshold": 0.4},
+            },
+            "step_cache": "fbc",
+        }
+    )
+    native = Sampler(mode="native", steps=3, guidance_scale=1.0)
+    draft = Sampler(mode="dmd", sigmas=[1.0, 0.5])
+    intake, pokes = make_intake(
+        tmp_path,
+        store,
+        caps={**WAN_LIKE, "adapters": ["draft"]},
+        sampler_for=lambda adapter: draft if adapter == "draft" else native,
+        performance=perf,
+        sampling={"step_caches": []},  # the server offers none but the model's default (and none)
+    )
+    job = intake.accept_r2v(r2v(step_cache="none"), None).job
+    assert job.request["run_config"]["ops"]["condition_op"]["config"]["step_cache"] == "none"
+    assert version_response(job, None, [], "http://x", intake.jobs.sampling).step_cache == "none"
+    # Unset: not in the run config (the engine takes the model's default), which the view says.
+    job = intake.accept_r2v(r2v(shot_id="t"), None).job
+    assert "step_cache" not in job.request["run_config"]["ops"]["condition_op"]["config"]
+    assert version_response(job, None, [], "http://x", intake.jobs.sampling).step_cache == "fbc"
+    job = intake.accept_r2v(r2v(shot_id="u", lora={"name": "draft"}, step_cache="fbc"), None).job
+    assert version_response(job, None, [], "http://x", intake.jobs.sampling).step_cache == "fbc"
+    # What the run recorded wins once it succeeded.
+    job = store.update_status(
+        job.version_id, status="succeeded", stage="succeeded", result={"step_cache": "none"}
+    )
+    assert version_response(job, None, [], "http://x", intake.jobs.sampling).step_cache == "none"
+
+    before = len(pokes)
+    for fields, words in (
+        ({"step_cache": "fast"}, "not offered on this server"),
+        ({"step_cache": "mag"}, "unknown step cache 'mag'"),
+        ({"step_cache": "fast", "lora": {"name": "draft"}}, "not offered"),  # per model, not adapter
+    ):
+        err = refused(lambda f=fields: intake.accept_r2v(r2v(shot_id="v", **f), None), 422)
+        assert err.field == "step_cache" and words in err.message, err.body()
+        assert err.body()["error"].startswith("step_cache: ")
+    assert len(pokes) == before  # nothing was queued

@@ -132,6 +132,9 @@ def test_seven_slots_allowed_eight_rejected():
         ({"num_inference_steps": 8.0}, "num_inference_steps"),
         ({"guidance_scale": "2"}, "guidance_scale"),
         ({"guidance_scale": -1}, "guidance_scale"),
+        ({"step_cache": ""}, "step_cache"),
+        ({"step_cache": 1}, "step_cache"),
+        ({"step_cache": ["fbc"]}, "step_cache"),
     ],
 )
 def test_strict_fields(over, field):

@@ -79,6 +79,8 @@ def stack(tmp_path_factory, wan_checkpoint) -> ApiStack:
         authorization=KEY,
         adapters=adapters,
         sampler={"mode": "native", "steps": 3, "guidance_scale": 1.0},
+        # A step cache preset a request may ask for (no default: none).
+        performance={"step_caches": {"fbc": {"kind": "first_block", "threshold": 0.2}}},
     )
     yield s
     stop_api_stack(s)
@@ -1179,7 +1181,9 @@ def test_a_native_model_samples_the_steps_and_guidance_a_request_asks_for(client
     assert card["sampling"]["limits"] == {
         "num_inference_steps": {"min": 1, "max": 8},
         "guidance_scale": {"min": 1.0, "max": 10.0},  # the server's [1, 20] within Wan's [1, 10]
+        "step_cache": ["none", "fbc"],  # issue 23: the model's presets, all offered here
     }
+    assert card["sampling"]["step_cache"] == "none"
     assert client.models.retrieve("draft").model_extra["sampling"]["num_inference_steps"] == 2
 
     asked = client.videos.create(
@@ -1201,6 +1205,7 @@ def test_a_native_model_samples_the_steps_and_guidance_a_request_asks_for(client
             "memory_slots": [],
             "num_inference_steps": 4,
             "guidance_scale": 1.5,
+            "step_cache": "fbc",
         },
     )
     assert shot.status_code == 202, shot.text
@@ -1209,12 +1214,15 @@ def test_a_native_model_samples_the_steps_and_guidance_a_request_asks_for(client
         ({"num_inference_steps": 9}, "num_inference_steps"),
         ({"guidance_scale": 12.0}, "guidance_scale"),
         ({"lora": {"name": "draft"}, "num_inference_steps": 4}, "num_inference_steps"),
+        ({"step_cache": "mag"}, "step_cache"),  # no preset of the model
     ):
         r2v = {"work_id": "sampling", "shot_id": "s2", "prompt": "x", "memory_slots": [], **body}
         resp = stack.post("/r2v", r2v)
         assert resp.status_code == 422 and resp.json()["detail"][0]["field"] == field, resp.text
     resp = stack.post("/v1/videos/sync", {"prompt": "x", "size": "64x64", "num_inference_steps": 9})
     assert (resp.status_code, resp.json()["error"]["param"]) == (400, "num_inference_steps"), resp.text
+    resp = stack.post("/v1/videos", {"prompt": "x", "size": "64x64", "step_cache": "mag"})
+    assert (resp.status_code, resp.json()["error"]["param"]) == (400, "step_cache"), resp.text
     with pytest.raises(openai.BadRequestError) as info:
         client.images.generate(prompt="a kite", size="64x64", extra_body={"num_inference_steps": 9})
     assert info.value.body["param"] == "num_inference_steps"
@@ -1223,6 +1231,7 @@ def test_a_native_model_samples_the_steps_and_guidance_a_request_asks_for(client
     assert done.status == "completed", done.error
     ext = done.model_extra["shotloom"]
     assert (ext["steps"], ext["guidance_scale"], ext["sampler_mode"]) == (5, 2.0, "native")
+    assert ext["step_cache"] == "none"  # unasked: the model's default
     version_id = ext["version_id"]
     version = stack.get(f"/version/{version_id}").json()
     assert (version["num_inference_steps"], version["guidance_scale"]) == (5, 2.0)
@@ -1247,3 +1256,10 @@ def test_a_native_model_samples_the_steps_and_guidance_a_request_asks_for(client
         "native",
     )
     assert version["result"]["num_inference_steps"] == 4  # from the shot's materialization
+    # Issue 23: it ran with the step cache it asked for, as its materialization records.
+    assert (version["step_cache"], version["result"]["step_cache"]) == ("fbc", "fbc")
+    assert version["result"]["sampler"]["step_cache"] == {
+        "name": "fbc",
+        "kind": "first_block",
+        "threshold": 0.2,
+    }

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from api.core.errors import InvalidField, NotFound, QueueFull
-from api.core.jobs import JobService
+from api.core.jobs import JobService, op_config
 from api.core.sampling import SamplingRule, job_sampling
 from api.core.specs import SourceRef
 from api.openai.errors import OpenAIError, validation_error
@@ -23,8 +23,8 @@ from api.openai.protocol import ServedModel, Video, VideoCreateRequest, VideoExt
 from api.store import JobRecord, NewJob, Store
 from shotloom import stages
 from shotloom.api_config import ApiConfig, SamplingLimits
-from shotloom.capabilities import Capabilities
-from shotloom.config import Sampler
+from shotloom.capabilities import Capabilities, CapabilityError
+from shotloom.config import Performance, Sampler
 
 WAN = Capabilities(
     max_reference_images=3,
@@ -365,7 +365,12 @@ def _bare_app(tmp_path):
         gateway=gateway,
         follower=Follower(store, gateway, api, registry=None),
         jobs=JobService(
-            store, api, tmp_path / "state", tmp_path / "media", sampler_for=inference.sampler_for
+            store,
+            api,
+            tmp_path / "state",
+            tmp_path / "media",
+            sampler_for=inference.sampler_for,
+            performance=inference.performance,
         ),
         media_root=tmp_path / "media",
         worker_names=[],
@@ -723,8 +728,10 @@ NATIVE = Sampler(mode="native", steps=3, guidance_scale=1.0)
 DRAFT = Sampler(mode="dmd", sigmas=[1.0, 0.5])  # a distill adapter's own sampler: 2 steps
 
 
-def _sampling_jobs(tmp_path, base: Sampler = NATIVE) -> JobService:
-    limits = SamplingLimits(max_steps=8, guidance_scale=(1.0, 12.0))
+def _sampling_jobs(
+    tmp_path, base: Sampler = NATIVE, performance: Performance | None = None, step_caches=None
+) -> JobService:
+    limits = SamplingLimits(max_steps=8, guidance_scale=(1.0, 12.0), step_caches=step_caches)
     return JobService(
         Store(f"sqlite:///{tmp_path / 's.sqlite'}"),
         ApiConfig(sampling=limits),
@@ -732,6 +739,7 @@ def _sampling_jobs(tmp_path, base: Sampler = NATIVE) -> JobService:
         tmp_path / "media",
         capabilities=lambda: dataclasses.asdict(dataclasses.replace(WAN, adapters=("draft", "anime"))),
         sampler_for=lambda adapter: DRAFT if adapter == "draft" else base,
+        performance=performance,
     )
 
 
@@ -780,22 +788,24 @@ def test_a_native_model_honours_the_requests_steps_and_guidance_into_the_run_con
     job = accepted({"num_inference_steps": 8, "guidance_scale": 2.0, "negative_prompt": "blur"})
     config = job.request["run_config"]["ops"]["condition_op"]["config"]
     assert (config["num_inference_steps"], config["guidance_scale"]) == (8, 2.0)
-    assert job_sampling(job, jobs.sampler_for) == {
+    assert job_sampling(job, jobs.sampling) == {
         "mode": "native",
         "num_inference_steps": 8,
         "guidance_scale": 2.0,
+        "step_cache": "none",  # the model has no default step cache
     }
     # Unasked: the run config leaves them to the sampler; the job reads its defaults.
     job = accepted({})
     config = job.request["run_config"]["ops"]["condition_op"]["config"]
     assert "num_inference_steps" not in config and "guidance_scale" not in config
-    assert job_sampling(job, jobs.sampler_for)["num_inference_steps"] == 3
+    assert job_sampling(job, jobs.sampling)["num_inference_steps"] == 3
     # The adapter's own count; the operator's default_request between the client and the preset.
     job = accepted({"lora": {"name": "draft"}, "num_inference_steps": 2})
-    assert job_sampling(job, jobs.sampler_for) == {
+    assert job_sampling(job, jobs.sampling) == {
         "mode": "dmd",
         "num_inference_steps": 2,
         "guidance_scale": 1.0,
+        "step_cache": "none",
     }
     job = accepted({}, operator={"num_inference_steps": 6})
     assert job.request["run_config"]["ops"]["condition_op"]["config"]["num_inference_steps"] == 6
@@ -823,16 +833,21 @@ def test_a_distilled_model_refuses_any_other_step_count_whatever_the_limit(tmp_p
 
 
 def test_models_say_the_sampler_mode_defaults_and_limits_of_the_model_and_each_adapter(tmp_path):
-    client, ctx = _bare_app(tmp_path)  # the shipped tiny Wan: native 8 steps, CFG 5; a 4-step distill
+    # The shipped tiny Wan: native 8 steps, CFG 5, a first-block step cache (no default); a 4-step
+    # distill adapter.
+    client, ctx = _bare_app(tmp_path)
     cards = {card["id"]: card for card in client.get("/v1/models").json()["data"]}
     native = {
         "mode": "native",
         "num_inference_steps": 8,
         "guidance_scale": 5.0,
+        "step_cache": "none",
+        "step_caches": {"fbc": {"kind": "first_block", "threshold": 0.2}},
         # No worker has published the family's guidance range yet: the server's api.sampling alone.
         "limits": {
             "num_inference_steps": {"min": 1, "max": 100},
             "guidance_scale": {"min": 1.0, "max": 20.0},
+            "step_cache": ["none", "fbc"],  # the server's api.sampling lets every preset through
         },
     }
     base = cards["wan-tiny"]
@@ -842,6 +857,7 @@ def test_models_say_the_sampler_mode_defaults_and_limits_of_the_model_and_each_a
     draft = adapters["wan-tiny-distill"]["sampling"]
     assert (draft["mode"], draft["num_inference_steps"], draft["guidance_scale"]) == ("dmd", 4, 1.0)
     assert draft["limits"]["num_inference_steps"] == {"min": 4, "max": 4}
+    assert draft["limits"]["step_cache"] == ["none", "fbc"]  # step caches are the model's, any adapter's
     card = client.get("/v1/models/wan-tiny-distill").json()
     assert card["parent"] == "wan-tiny" and card["sampling"] == draft
     assert (card["defaults"]["num_inference_steps"], card["defaults"]["guidance_scale"]) == (4, 1.0)
@@ -878,7 +894,8 @@ def test_a_jobs_status_says_the_steps_and_guidance_it_runs_with_and_its_eta_scal
         result={"num_inference_steps": 4, "guidance_scale": 1.0, "sampler": {"mode": "native"}},
     )
     asked = job({"num_inference_steps": 12, "guidance_scale": 3.0})  # 24 DiT calls
-    draft = job({"lora": "wan-tiny-distill"})  # its adapter's sampler: 4 dmd steps, no guidance
+    # Its adapter's sampler: 4 dmd steps, no guidance; a step cache of the model's (any adapter's).
+    draft = job({"lora": "wan-tiny-distill", "step_cache": "fbc"})
     default = job({})  # the model's: 8 native steps with CFG 5 (16 DiT calls)
 
     def ext(version_id: str) -> dict:
@@ -891,20 +908,33 @@ def test_a_jobs_status_says_the_steps_and_guidance_it_runs_with_and_its_eta_scal
     assert summary(ext(asked)) == (12, 3.0, "native", 1 + 24 + 1 + 1)
     assert summary(ext(draft)) == (4, 1.0, "dmd", 1 + 4 + 1 + 1)
     assert summary(ext(default)) == (8, 5.0, "native", 1 + 16 + 1 + 1)
+    # The step cache: asked, else the model's default (none here).
+    assert (ext(draft)["step_cache"], ext(default)["step_cache"], ext(asked)["step_cache"]) == (
+        "fbc",
+        "none",
+        "none",
+    )
     # What the run recorded wins once it succeeded; GET /version says the same.
     store.update_status(
         asked,
         status="succeeded",
         stage="succeeded",
-        result={"num_inference_steps": 12, "guidance_scale": 3.0, "sampler": {"mode": "native"}},
+        result={
+            "num_inference_steps": 12,
+            "guidance_scale": 3.0,
+            "sampler": {"mode": "native"},
+            "step_cache": "fbc",  # whatever the run recorded
+        },
     )
-    assert summary(ext(asked))[:3] == (12, 3.0, "native")
+    assert summary(ext(asked))[:3] == (12, 3.0, "native") and ext(asked)["step_cache"] == "fbc"
     version = client.get(f"/version/{asked}").json()
-    assert (version["num_inference_steps"], version["guidance_scale"], version["sampler_mode"]) == (
-        12,
-        3.0,
-        "native",
-    )
+    assert (
+        version["num_inference_steps"],
+        version["guidance_scale"],
+        version["sampler_mode"],
+        version["step_cache"],
+    ) == (12, 3.0, "native", "fbc")
+    assert client.get(f"/version/{default}").json()["step_cache"] == "none"
     ctx.store.close()
 
 
@@ -926,4 +956,110 @@ def test_the_v1_document_gives_the_step_counts_and_guidance_the_samplers_take(tm
     assert (guidance["minimum"], guidance["maximum"]) == (1.0, 12.0)
     distilled = _sampling_model(_sampling_jobs(tmp_path / "dmd", base=Sampler()))
     assert limits(distilled)[0]["enum"] == [2, 4]  # the model's 4 steps, the adapter's 2
+    ctx.store.close()
+
+
+# -- issue 23: a step cache per request, among the model's presets the server offers --------------
+CACHES = Performance.model_validate(
+    {
+        "step_caches": {
+            "fbc": {"kind": "first_block", "threshold": 0.2},
+            "taylor": {"kind": "taylorseer", "cache_identifiers": ["^blocks\\.\\d+$"]},
+            "fast": {"kind": "first_block", "threshold": 0.4},
+        },
+        "step_cache": "fast",
+    }
+)
+
+
+def test_the_step_caches_a_request_may_ask_for_are_the_models_the_server_lets_through():
+    every = SamplingRule.of(NATIVE, SamplingLimits(), None, CACHES)
+    assert every.step_caches == ("none", "fbc", "taylor", "fast") and every.step_cache == "fast"
+    # A server list narrows them ("unknown": no preset of the model); the default always stays.
+    some = SamplingRule.of(NATIVE, SamplingLimits(step_caches=["taylor", "unknown"]), None, CACHES)
+    assert some.step_caches == ("none", "taylor", "fast")
+    assert SamplingRule.of(NATIVE, SamplingLimits(step_caches=[])).step_caches == ("none",)
+    some.check(None, None, "taylor")
+    some.check(None, None, "none")
+    some.check(None, None, None)  # the default
+    for asked, words in (("fbc", "not offered on this server"), ("unknown", "unknown step cache")):
+        with pytest.raises(CapabilityError) as info:
+            some.check(None, None, asked)
+        assert info.value.field == "step_cache" and words in info.value.message, info.value.message
+    described = some.describe()
+    assert described["step_cache"] == "fast"
+    assert described["step_caches"]["fbc"] == {"kind": "first_block", "threshold": 0.2}
+    assert described["limits"]["step_cache"] == ["none", "taylor", "fast"]
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"step_cache": "mag"}, "unknown step cache 'mag'"),  # the model declares no such preset
+        ({"step_cache": "taylor"}, "not offered on this server"),  # declared, not in api.sampling
+        ({"step_cache": "taylor", "lora": {"name": "draft"}}, "not offered on this server"),
+        ({"step_cache": "mag", "model": "draft"}, "unknown step cache"),
+    ],
+)
+def test_a_step_cache_the_model_or_server_does_not_offer_is_400_naming_step_cache(tmp_path, body, words):
+    jobs = _sampling_jobs(tmp_path, performance=CACHES, step_caches=["fbc"])
+    req = VideoCreateRequest.model_validate({"prompt": "p", **body})
+    s = req.to_spec(_sampling_model(jobs), operator=None, uploads={}, version_id="a" * 32, seed=1)
+    with pytest.raises(InvalidField) as info:
+        jobs.accept_shot(s)
+    err = OpenAIError.from_service(info.value)
+    assert (err.status, err.param) == (400, "step_cache") and words in err.message, err.message
+    assert jobs.store.counts_by_status("r2v")["queued"] == 0  # nothing queued
+    jobs.store.close()
+
+
+def test_a_requests_step_cache_goes_into_the_run_config_and_the_jobs_sampling(tmp_path):
+    jobs = _sampling_jobs(tmp_path, performance=CACHES, step_caches=["fbc"])
+    model = _sampling_model(jobs)
+
+    def accepted(body: dict, operator: dict | None = None) -> JobRecord:
+        req = VideoCreateRequest.model_validate({"prompt": "p", **body})
+        op = VideoCreateRequest.model_validate({"prompt": "-", **operator}) if operator else None
+        s = req.to_spec(model, operator=op, uploads={}, version_id=uuid4().hex, seed=1)
+        return jobs.accept_shot(s).job
+
+    for asked in ("fbc", "none", "fast"):  # an offered preset, none, the model's default
+        job = accepted({"step_cache": asked})
+        assert op_config(job)["step_cache"] == asked
+        assert job_sampling(job, jobs.sampling)["step_cache"] == asked
+    # Unasked: left to the engine (the model's default), which the job reads meanwhile.
+    job = accepted({})
+    assert "step_cache" not in op_config(job)
+    assert job_sampling(job, jobs.sampling)["step_cache"] == "fast"
+    # An adapter (with its own sampler) takes the model's presets; the operator's default_request too.
+    job = accepted({"lora": {"name": "draft"}, "step_cache": "fbc"})
+    assert (op_config(job)["step_cache"], job_sampling(job, jobs.sampling)["mode"]) == ("fbc", "dmd")
+    assert op_config(accepted({}, operator={"step_cache": "none"}))["step_cache"] == "none"
+    assert op_config(accepted({"step_cache": "fbc"}, operator={"step_cache": "none"}))["step_cache"] == "fbc"
+    jobs.store.close()
+
+
+def test_images_take_a_step_cache_as_videos_do(tmp_path):
+    from api.openai.images import AS_VIDEO, ImageRequest
+
+    req = ImageRequest.model_validate({"prompt": "p", "step_cache": "fbc"})
+    video = VideoCreateRequest.model_validate(req.model_dump(include=AS_VIDEO, exclude_none=True))
+    assert video.to_spec(MODEL, operator=None, uploads={}, version_id="a" * 32, seed=1).step_cache == "fbc"
+    with pytest.raises(ValidationError):
+        ImageRequest.model_validate({"prompt": "p", "step_cache": ""})
+
+
+def test_the_v1_document_lists_the_step_caches_the_server_offers(tmp_path):
+    from api.openapi import constrain
+
+    client, ctx = _bare_app(tmp_path)
+    doc = client.get("/v1/openapi.json").json()  # no worker yet: documented, unconstrained
+    for name in ("VideoCreateRequest", "ImageRequest"):
+        assert "step cache" in doc["components"]["schemas"][name]["properties"]["step_cache"]["description"]
+    model = _sampling_model(_sampling_jobs(tmp_path / "jobs", performance=CACHES, step_caches=["fbc"]))
+    schemas = constrain(doc, model)["components"]["schemas"]
+    for name in ("VideoCreateRequest", "VideoCreateForm", "VideoEditRequest"):
+        prop = schemas[name]["properties"]["step_cache"]
+        (branch,) = [b for b in prop.get("anyOf", [prop]) if b.get("type") == "string"]
+        assert branch["enum"] == ["none", "fbc", "fast"], name
     ctx.store.close()

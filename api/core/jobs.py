@@ -42,7 +42,7 @@ from orchestration.queue_control import QueueControl
 from shotloom import stages
 from shotloom.api_config import ApiConfig
 from shotloom.capabilities import Capabilities, CapabilityError
-from shotloom.config import Defaults, Sampler
+from shotloom.config import Defaults, Performance, Sampler
 from shotloom.media_store import LocalMediaStore
 from shotloom.request import GenerationRequest, Guide, MemorySlot
 
@@ -73,7 +73,9 @@ class JobService:
     ``capabilities`` returns what the loaded model can do, as the device workers publish it (None
     until one has loaded it). ``defaults`` are the inference YAML's, which fill what a request
     leaves out; ``sampler_for`` gives the sampler a request with an adapter (or none) runs with
-    (the inference YAML's ``sampler_for``; default: a dmd sampler with the default sigmas).
+    (the inference YAML's ``sampler_for``; default: a dmd sampler with the default sigmas);
+    ``performance`` is the model's (the inference YAML's), whose step cache presets a request may
+    choose from (default: none declared).
     ``terminate`` cancels a Dagster run (the follower's gateway).
     """
 
@@ -90,6 +92,7 @@ class JobService:
         assets_dir: Path | None = None,
         references: ReferenceTaker | None = None,
         sampler_for: SamplerFor | None = None,
+        performance: Performance | None = None,
     ):
         self.store = store
         self.api = api
@@ -101,6 +104,7 @@ class JobService:
         self.defaults = defaults or Defaults()
         default_sampler = Sampler()
         self.sampler_for: SamplerFor = sampler_for or (lambda _adapter: default_sampler)
+        self.performance = performance or Performance()
         self.terminate = terminate
         # Frames and sound taken from videos: on a media worker (through Dagster) in the service.
         self.references = references or InProcessReferences(self.media)
@@ -113,18 +117,22 @@ class JobService:
     def sampling(self, adapter: str | None, caps: Capabilities | None = None) -> SamplingRule:
         """What a request with ``adapter`` (or none) may ask of its sampler: the adapter's own
         sampler or the model's, under the server's ``api.sampling`` limits and (once a worker has
-        published them) the family's guidance range."""
+        published them) the family's guidance range; the model's step caches (any adapter's too)."""
         caps = caps if caps is not None else self.capabilities()
         return SamplingRule.of(
-            self.sampler_for(adapter), self.api.sampling, caps.guidance_range if caps else None
+            self.sampler_for(adapter),
+            self.api.sampling,
+            caps.guidance_range if caps else None,
+            self.performance,
         )
 
     def check_sampling(self, spec: ShotSpec, caps: Capabilities | None) -> None:
-        """The steps and guidance a shot asks for, against the sampler that will run it (its
-        adapter's, or the model's) and the server's limits; the refusal names the client's field."""
+        """The steps, guidance and step cache a shot asks for, against the sampler that will run
+        it (its adapter's, or the model's), the model's step caches and the server's limits; the
+        refusal names the client's field."""
         rule = self.sampling(spec.lora, caps)
         try:
-            rule.check(spec.num_inference_steps, spec.guidance_scale)
+            rule.check(spec.num_inference_steps, spec.guidance_scale, spec.step_cache)
         except CapabilityError as exc:
             message = exc.message
             own = spec.lora is not None and rule.sampler is not self.sampler_for(None)
@@ -211,7 +219,7 @@ class JobService:
         config: dict[str, Any] = {"work_id": spec.work_id, "shot_id": spec.shot_id, "prompt": spec.prompt}
         for key in (
             "negative_prompt", "seed", "width", "height", "num_frames", "fps", "guidance_scale",
-            "num_inference_steps",
+            "num_inference_steps", "step_cache",
         ):  # fmt: skip
             if getattr(spec, key) is not None:
                 config[key] = getattr(spec, key)
@@ -386,6 +394,7 @@ class JobService:
                 else self.sampler_for(spec.lora).guidance_scale
             ),
             num_inference_steps=spec.num_inference_steps,
+            step_cache=spec.step_cache,
             first_frame=here if spec.first_frame or spec.extends else None,
             last_frame=here if spec.last_frame else None,
             # An extension has its source in memory too (counted against the family's limit).

@@ -1,38 +1,48 @@
-"""What a request may ask of the sampler, in no dialect: the step count and guidance a shot asks
-for, checked against the sampler that will run it (the request's adapter's, or the model's) and
-the server YAML's ``api.sampling`` limits; and the steps and guidance a job runs (ran) with, for
-the job views of both dialects. No torch."""
+"""What a request may ask of the sampler, in no dialect: the step count, guidance and step cache a
+shot asks for, checked against the sampler that will run it (the request's adapter's, or the
+model's), the model's step cache presets (its inference YAML's ``performance``) and the server
+YAML's ``api.sampling`` limits; and what a job runs (ran) with, for the job views of both
+dialects. No torch."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from api.store import JobRecord
 from shotloom.api_config import SamplingLimits
-from shotloom.capabilities import CapabilityError, check_steps
-from shotloom.config import Sampler
+from shotloom.capabilities import CapabilityError, check_step_cache, check_steps
+from shotloom.config import NO_STEP_CACHE, Performance, Sampler
+from shotloom.performance import resolve_step_cache
 
 SamplerFor = Callable[[str | None], Sampler]  # adapter name (or None) -> the sampler it runs with
 
 
 @dataclass(frozen=True)
 class SamplingRule:
-    """One sampler under the server's limits: its defaults and what a request may choose."""
+    """One sampler under the server's limits: its defaults and what a request may choose. The
+    step caches are the model's (the same for every adapter), narrowed by the server."""
 
     sampler: Sampler
     max_steps: int  # the server's limit (a dmd sampler takes its own count, whatever this says)
     guidance_range: tuple[float, float]  # the server's range, within the model family's
+    performance: Performance = field(default_factory=Performance)  # the model's step cache presets
+    allowed_caches: tuple[str, ...] | None = None  # the server's api.sampling.step_caches (None: all)
 
     @classmethod
     def of(
-        cls, sampler: Sampler, limits: SamplingLimits, family_range: tuple[float, float] | None = None
+        cls,
+        sampler: Sampler,
+        limits: SamplingLimits,
+        family_range: tuple[float, float] | None = None,
+        performance: Performance | None = None,
     ) -> SamplingRule:
         lo, hi = limits.guidance_scale
         if family_range is not None:
             lo, hi = max(lo, family_range[0]), min(hi, family_range[1])
-        return cls(sampler, limits.max_steps, (lo, hi))
+        allowed = None if limits.step_caches is None else tuple(limits.step_caches)
+        return cls(sampler, limits.max_steps, (lo, hi), performance or Performance(), allowed)
 
     @property
     def mode(self) -> str:
@@ -48,19 +58,43 @@ class SamplingRule:
         return self.sampler.guidance_scale
 
     @property
+    def step_cache(self) -> str:
+        """The step cache a request that names none runs with (the model's default, or none)."""
+        return resolve_step_cache(self.performance, None)
+
+    @property
+    def step_caches(self) -> tuple[str, ...]:
+        """The step caches a request may ask for: none, then the model's presets (in its YAML's
+        order) that the server lets through, its default always among them."""
+        allowed = self.allowed_caches
+        names = [
+            n
+            for n in self.performance.step_caches
+            if allowed is None or n in allowed or n == self.performance.step_cache
+        ]
+        return (NO_STEP_CACHE, *names)
+
+    @property
     def step_range(self) -> tuple[int, int]:
         """The step counts a request may ask for, [min, max]."""
         fixed = self.sampler.fixed_steps
         return (fixed, fixed) if fixed is not None else (1, self.max_steps)
 
-    def check(self, steps: int | None, guidance: float | None) -> None:
-        """CapabilityError naming ``num_inference_steps`` or ``guidance_scale`` when a request's
-        value is outside what this sampler and the server take (None: the default, not checked)."""
+    def check(self, steps: int | None, guidance: float | None, step_cache: str | None = None) -> None:
+        """CapabilityError naming ``num_inference_steps``, ``guidance_scale`` or ``step_cache``
+        when a request's value is outside what this sampler, the model and the server take (None:
+        the default, not checked)."""
         check_steps(self.sampler, steps, self.max_steps)
         lo, hi = self.guidance_range
         if guidance is not None and not lo <= guidance <= hi:
             raise CapabilityError(
                 "guidance_scale", f"must be within [{lo:g}, {hi:g}] for this model, got {guidance:g}"
+            )
+        check_step_cache(self.performance, step_cache)  # a preset the model declares, or none
+        if step_cache is not None and step_cache not in self.step_caches:
+            offered = list(self.step_caches)
+            raise CapabilityError(
+                "step_cache", f"{step_cache!r} is not offered on this server; it offers {offered}"
             )
 
     def describe(self) -> dict[str, Any]:
@@ -70,9 +104,13 @@ class SamplingRule:
             "mode": self.mode,
             "num_inference_steps": self.steps,
             "guidance_scale": self.guidance_scale,
+            "step_cache": self.step_cache,
+            # The model's presets and their settings (what a name stands for).
+            "step_caches": {n: c.model_dump() for n, c in self.performance.step_caches.items()},
             "limits": {
                 "num_inference_steps": {"min": smin, "max": smax},
                 "guidance_scale": {"min": glo, "max": ghi},
+                "step_cache": list(self.step_caches),
             },
         }
 
@@ -82,21 +120,28 @@ def dit_calls(steps: int, guidance: float) -> int:
     return steps * (2 if guidance > 1.0 else 1)
 
 
-def job_sampling(job: JobRecord, sampler_for: SamplerFor) -> dict[str, Any] | None:
-    """The sampler mode, steps and guidance a shot job runs with (None for a merge): what its run
-    recorded once it succeeded (the shot's materialization), else its request as resolved (what it
-    asked, else the default of its adapter's sampler, or the model's)."""
+RuleFor = Callable[[str | None], SamplingRule]  # adapter name (or None) -> its rule (JobService.sampling)
+
+
+def job_sampling(job: JobRecord, rule_for: RuleFor) -> dict[str, Any] | None:
+    """The sampler mode, steps, guidance and step cache a shot job runs with (None for a merge):
+    what its run recorded once it succeeded (the shot's materialization), else its request as
+    resolved (what it asked, else the default of its adapter's sampler, or the model's; the step
+    cache: the model's default, else none)."""
     ops = job.request.get("run_config", {}).get("ops", {})
     if "condition_op" not in ops:
         return None
     config = ops["condition_op"].get("config") or {}
     result = job.result or {}
-    sampler = sampler_for(config.get("lora"))
+    rule = rule_for(config.get("lora"))
+    sampler = rule.sampler
     recorded = result.get("sampler") if isinstance(result.get("sampler"), dict) else {}
     steps = result.get("num_inference_steps") or config.get("num_inference_steps") or sampler.steps
     guidance = result.get("guidance_scale", config.get("guidance_scale", sampler.guidance_scale))
+    ran_cache = result.get("step_cache") or (recorded.get("step_cache") or {}).get("name")
     return {
         "mode": recorded.get("mode", sampler.mode),
         "num_inference_steps": int(steps) if steps else None,
         "guidance_scale": float(guidance),
+        "step_cache": str(ran_cache or config.get("step_cache") or rule.step_cache),
     }

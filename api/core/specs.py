@@ -74,6 +74,7 @@ class ShotSpec:
     fps: int | None = None
     guidance_scale: float | None = None
     num_inference_steps: int | None = None
+    step_cache: str | None = None  # a preset of the model's performance.step_caches, or "none"
     first_frame: InputRef | None = None
     last_frame: InputRef | None = None
     memory: tuple[MemoryRef, ...] = ()

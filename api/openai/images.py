@@ -21,14 +21,24 @@ from api.context import ApiContext
 from api.core.jobs import op_config
 from api.core.specs import InputRef, MemoryRef
 from api.openai.errors import OpenAIError
-from api.openai.protocol import MAX_SEED, SIZE_PATTERN, LoraSelector, VideoCreateRequest, _Strict
+from api.openai.protocol import (
+    MAX_SEED,
+    SIZE_PATTERN,
+    LoraSelector,
+    StepCacheName,
+    VideoCreateRequest,
+    _Strict,
+)
 from api.openai.serving import VideoServing, openai_errors
 from api.store import JobRecord
 
 IMAGE_DIALECT = "images"
 IMAGE_PREFIX = "img_"
 # The fields of an image request that a one-frame video request takes as they are.
-AS_VIDEO = {"prompt", "model", "size", "negative_prompt", "guidance_scale", "num_inference_steps", "lora"}
+AS_VIDEO = {
+    "prompt", "model", "size", "negative_prompt", "guidance_scale", "num_inference_steps", "step_cache",
+    "lora",
+}  # fmt: skip
 
 
 class ImageRequest(_Strict):
@@ -46,6 +56,9 @@ class ImageRequest(_Strict):
     guidance_scale: float | None = Field(default=None, ge=0, le=100)
     num_inference_steps: int | None = Field(
         default=None, gt=0, le=100_000, description="As on /v1/videos: within the model's limits."
+    )
+    step_cache: StepCacheName | None = Field(
+        default=None, description='As on /v1/videos: a step cache preset this server offers, or "none".'
     )
     lora: LoraSelector | None = None
     user: str | None = Field(default=None, description="Accepted and not used.")

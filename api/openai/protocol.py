@@ -32,6 +32,7 @@ FILE_FIELDS = ("input_reference", "first_frame", "last_frame")  # file parts bes
 URL_DESCRIPTION = "data: URL, http(s) URL, file:// URL or absolute path (under the server's allowed roots)"
 
 Positive = Annotated[int, Field(gt=0, le=100_000)]
+StepCacheName = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 class _Strict(BaseModel):
@@ -133,6 +134,11 @@ class VideoCreateRequest(_Strict):
         le=100,
         description="Classifier-free guidance (above 1: two DiT calls a step), within the model's "
         "range on this server. Default: the sampler's.",
+    )
+    step_cache: StepCacheName | None = Field(
+        default=None,
+        description="A step cache preset of the model (its performance.step_caches) that this server "
+        'offers, or "none": skip DiT work between steps. Default: the model\'s (GET /v1/models/{id}).',
     )
     negative_prompt: str | None = Field(default=None, max_length=20_000)
     first_frame: Reference | None = Field(default=None, description="An image the clip starts at.")
@@ -260,7 +266,8 @@ class VideoCreateRequest(_Strict):
             value = getattr(self, name)
             return value if value is not None or operator is None else getattr(operator, name)
 
-        # Steps and guidance are checked against the request's sampler by the job service.
+        # Steps, guidance and the step cache are checked against the request's sampler by the job
+        # service.
         steps, guidance = pick("num_inference_steps"), pick("guidance_scale")
         negative = pick("negative_prompt")
         effective = guidance if guidance is not None else model.sampling_for(lora).guidance_scale
@@ -290,6 +297,7 @@ class VideoCreateRequest(_Strict):
             fps=rate["fps"],
             guidance_scale=guidance,
             num_inference_steps=steps,
+            step_cache=pick("step_cache"),
             first_frame=self._keyframe(("first_frame", "input_reference", "reference_url"), uploads),
             last_frame=self._keyframe(("last_frame",), uploads),
             memory=self._memory(),
@@ -580,6 +588,9 @@ class VideoExtension(BaseModel):
     steps: int | None = Field(default=None, description="Denoising steps the job runs (ran) with.")
     guidance_scale: float | None = Field(default=None, description="The guidance it runs (ran) with.")
     sampler_mode: str | None = Field(default=None, description="native | dmd: how it is sampled.")
+    step_cache: str | None = Field(
+        default=None, description='The step cache it runs (ran) with: a preset name, or "none".'
+    )
     strength: float | None = Field(default=None, description="Video-to-video: how far from the source.")
     step: int | None = Field(default=None, description="Denoise steps done.")
     phase: str | None = Field(default=None, description="The work now running (a stage name).")
@@ -667,8 +678,9 @@ class ModelCard(BaseModel):
     parent: str | None = Field(default=None, description="An adapter's base model.")
     sampling: dict[str, Any] | None = Field(
         default=None,
-        description="How it is sampled: mode (native | dmd), the default num_inference_steps and "
-        "guidance_scale, and the limits a request may choose within.",
+        description="How it is sampled: mode (native | dmd), the default num_inference_steps, "
+        "guidance_scale and step_cache, the model's step cache presets (step_caches), and the limits "
+        "a request may choose within (limits.step_cache: the names this server offers).",
     )
 
 

@@ -278,6 +278,7 @@ class VideoServing:
                 "seconds": f"{inf.defaults.num_frames / inf.defaults.fps:g}",
                 "num_inference_steps": sampling.steps,
                 "guidance_scale": sampling.guidance_scale,
+                "step_cache": sampling.step_cache,
             },
             sampling=sampling.describe(),
         )
@@ -565,7 +566,7 @@ class VideoServing:
     def video(self, job: JobRecord, position: int | None = None) -> Video:
         config = op_config(job)
         client = job.request.get("client", {})
-        sampling = job_sampling(job, self.jobs.sampler_for) or {}
+        sampling = job_sampling(job, self.jobs.sampling) or {}
         steps = sampling.get("num_inference_steps")
         progress, step = _progress(job, steps)
         live = job.live or {}
@@ -607,6 +608,7 @@ class VideoServing:
                 steps=steps,
                 guidance_scale=sampling.get("guidance_scale"),
                 sampler_mode=sampling.get("mode"),
+                step_cache=sampling.get("step_cache"),
                 strength=config.get("strength") if config.get("source_video") else None,
                 step=step,
                 phase=phase,
@@ -627,7 +629,7 @@ class VideoServing:
         if job.status not in ("queued", "running"):
             return 0.0 if job.status == "succeeded" else None
         medians, per_call, whole = self.timing()
-        sampling = job_sampling(job, self.jobs.sampler_for) or {}
+        sampling = job_sampling(job, self.jobs.sampling) or {}
         steps, guidance = sampling.get("num_inference_steps"), sampling.get("guidance_scale")
         if per_call is not None and stages.INFERRING in medians and steps and guidance is not None:
             # Denoising costs this job's own DiT calls (its steps, doubled by guidance).

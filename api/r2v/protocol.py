@@ -199,6 +199,11 @@ class R2VRequest(_Strict):
         description="Classifier-free guidance (above 1: two DiT calls a step), within the server's "
         "api.sampling.guidance_scale range and the model's. Default: the sampler's.",
     )
+    step_cache: Annotated[str, Field(min_length=1, max_length=64, strict=True)] | None = Field(
+        default=None,
+        description="A step cache preset of the model (its performance.step_caches) that the server's "
+        'api.sampling.step_caches allows, or "none". Default: the model\'s performance.step_cache.',
+    )
     lora: LoraChoice | None = Field(default=None, description="A configured LoRA adapter for this shot.")
 
     @field_validator("work_id", "shot_id", "prompt", "job_id")
@@ -263,6 +268,7 @@ class R2VRequest(_Strict):
             num_frames=self.num_frames,
             guidance_scale=self.guidance_scale,
             num_inference_steps=self.num_inference_steps,
+            step_cache=self.step_cache,
             first_frame=InputRef("condition_img", self.condition_img) if self.condition_img else None,
             memory=tuple(memory),
             memory_field="memory_slots",
@@ -521,6 +527,9 @@ class VersionResponse(_TaskFields):
     )
     guidance_scale: float | None = Field(default=None, description="A shot's guidance, the same way.")
     sampler_mode: str | None = Field(default=None, description="native | dmd: how the shot is sampled.")
+    step_cache: str | None = Field(
+        default=None, description='A shot\'s step cache (a preset name, or "none"), the same way.'
+    )
 
 
 # -- 422 bodies ---------------------------------------------------------------------------------

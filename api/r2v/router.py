@@ -79,7 +79,7 @@ def r2v_router(ctx: ApiContext, polls: PollRoutes) -> APIRouter:
 
     # Pollers hit this hard: cached bodies, served on the event loop (no threadpool hop) and,
     # with the caller's key checked, ahead of FastAPI's routing (api.polls).
-    views = version_views(ctx.store, base, VERSION_CACHE_SIZE, ctx.jobs.sampler_for)
+    views = version_views(ctx.store, base, VERSION_CACHE_SIZE, ctx.jobs.sampling)
 
     def version_answer(version_id: str) -> Response | None:
         body = views.get(version_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.core.jobs import op_config
-from api.core.sampling import SamplerFor, job_sampling
+from api.core.sampling import RuleFor, job_sampling
 from api.core.steps import first_run_id
 from api.core.views import JobViews
 from api.r2v.protocol import ArtifactResponse, VersionResponse, iso_time
@@ -55,11 +55,11 @@ def version_response(
     position: int | None,
     artifacts: list[ArtifactRecord],
     base: str,
-    sampler_for: SamplerFor | None = None,
+    sampling_for: RuleFor | None = None,
 ) -> VersionResponse:
     live = job.live or {}
     result = job.result or {}
-    sampling = (job_sampling(job, sampler_for) if sampler_for is not None else None) or {}
+    sampling = (job_sampling(job, sampling_for) if sampling_for is not None else None) or {}
     return VersionResponse(
         **task_fields(job, position, artifacts, base),
         error=job.error,
@@ -76,6 +76,7 @@ def version_response(
         num_inference_steps=sampling.get("num_inference_steps"),
         guidance_scale=sampling.get("guidance_scale"),
         sampler_mode=sampling.get("mode"),
+        step_cache=sampling.get("step_cache"),
         **version_lineage(job),
     )
 
@@ -95,12 +96,13 @@ def version_lineage(job: JobRecord) -> dict[str, Any]:
 
 
 def version_views(
-    store: Store, base: str, max_entries: int, sampler_for: SamplerFor | None = None
+    store: Store, base: str, max_entries: int, sampling_for: RuleFor | None = None
 ) -> JobViews[bytes]:
-    """The cached GET /version bodies (see :mod:`api.core.views`); ``sampler_for``: the sampler a
-    shot's adapter (or none) runs with, for the steps and guidance of a shot not yet finished."""
+    """The cached GET /version bodies (see :mod:`api.core.views`); ``sampling_for``: the sampling
+    rule of a shot's adapter (or none), for the steps, guidance and step cache of a shot not yet
+    finished."""
 
     def render(job: JobRecord, artifacts: list[ArtifactRecord], position: int | None) -> bytes:
-        return version_response(job, position, artifacts, base, sampler_for).model_dump_json().encode()
+        return version_response(job, position, artifacts, base, sampling_for).model_dump_json().encode()
 
     return JobViews(store, render, max_entries)
