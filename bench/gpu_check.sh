@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# GPU readiness in one prepared run (under 8 minutes on an H200): builds a full-size random
-# Wan 2.1 VACE 1.3B-shaped checkpoint on the machine, runs the CUDA tests against it, then times
-# inference.py against the same clip through the service. Without CUDA: says so, exits 0.
+# GPU readiness in one prepared run (one device call: past --budget-s, 540 s, the speed options
+# left are skipped): builds a full-size random Wan 2.1 VACE 1.3B-shaped checkpoint on the machine,
+# runs the CUDA tests against it, times inference.py against the same clip through the service,
+# then each speed option (cuDNN/flash attention, compile, step cache, FP8, 2-GPU Ulysses) beside
+# plain eager diffusers in seconds per step. Without CUDA: says so, exits 0.
 #
-#   bash bench/gpu_check.sh [--work DIR] [--skip-tests] [--cpu]
+#   bash bench/gpu_check.sh [--work DIR] [--skip-tests] [--cpu] [--budget-s S]
 #
 # PYTHON picks the interpreter (default: .venv/bin/python when present, else python3). On a
 # machine without this project's packages (the lent GPU machines), .gpu/site.tar.xz, packed here

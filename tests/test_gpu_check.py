@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -50,3 +51,27 @@ def test_the_cpu_rehearsal_runs_every_step_through_the_service(tmp_path):
     assert "native  UniPCMultistepScheduler" in out and "8 steps x 2 DiT calls" in out
     assert "dmd     DMDScheduler" in out and "4 steps x 1 DiT calls" in out
     assert (tmp_path / "wan-tiny" / "model_index.json").is_file()
+    # The speed options, each in its own inference.py on the same clip and seed, timed per step
+    # beside plain eager diffusers; what only a GPU runs is skipped, saying why, never silently.
+    assert figures["opt_steps"] == "6"
+    for choice in ("eager", "native", "compile", "cache", "fp8"):
+        assert float(figures[f"opt_{choice}_s_per_step"]) > 0, choice
+        assert (tmp_path / f"opt-{choice}.mp4").stat().st_size > 0, choice
+        assert f"{choice}: " in out and " s/step (6 steps x 2 DiT calls; load " in out
+    for key in ("opt_cudnn", "opt_flash", "ulysses", "ulysses_one_rank"):
+        assert figures[f"{key}_s_per_step"] == "na", key
+    assert "cudnn: skipped (CUDA only)" in out and "flash: skipped (CUDA only)" in out
+    assert "ulysses: skipped (0 GPUs)" in out
+    assert "speed options: native, 6 steps with CFG" in out
+    # Eager is diffusers without any performance option; the others differ from it in one key.
+    perf = {
+        choice: yaml.safe_load((tmp_path / f"inference-opt-{choice}.yaml").read_text())["performance"]
+        for choice in ("eager", "native", "compile", "cache", "fp8")
+    }
+    assert perf == {
+        "eager": {},
+        "native": {"attention_backend": "native"},
+        "compile": {"compile": {"enabled": True}},
+        "cache": {"step_caches": {"fbc": {"kind": "first_block", "threshold": 0.1}}},
+        "fp8": {"fp8": True},
+    }
