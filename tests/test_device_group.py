@@ -145,3 +145,40 @@ def test_a_run_cancelled_mid_denoise_stops_every_rank_and_the_group_goes_on(stac
     assert status["boot_id"] == before["boot_id"] and status["group"]["dead_ranks"] == []
     other = next(v for v in versions if v != victim)
     assert stack.wait_version(other, timeout=120)["status"] == "succeeded"
+
+
+def test_kill_9_of_rank_0_takes_its_ranks_down_and_the_group_comes_back(stack):
+    import psutil
+
+    before = worker_status(stack, GROUP)
+    followers = before["group"]["follower_pids"]
+    # Two jobs: each worker takes one.
+    versions = [submit(stack, f"rank0-{i}", num_inference_steps=60, num_frames=33) for i in range(2)]
+
+    def group_busy():
+        status = worker_status(stack, GROUP)
+        return status if status["state"] == "busy" and status["run_id"] else None
+
+    wait_for(group_busy, 60, "the group to take a run", interval=0.1)
+    os.kill(before["pid"], signal.SIGKILL)
+
+    # Its ranks die with it (no orphan holds a device or waits in a collective) ...
+    def running(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    wait_for(lambda: not any(running(p) for p in followers), 30, "the old ranks to exit")
+
+    def restarted():
+        try:
+            status = worker_status(stack, GROUP)
+        except (httpx.HTTPError, ValueError):
+            return None
+        return status if status["boot_id"] != before["boot_id"] and status["state"] != "starting" else None
+
+    after = wait_for(restarted, 120, "the group to restart", interval=0.5)
+    assert after["group"]["ranks"] == 2 and after["group"]["dead_ranks"] == []
+    done = [stack.wait_version(v, timeout=300) for v in versions]  # ... and the run resumes
+    assert [d["status"] for d in done] == ["succeeded"] * 2, [(d["status"], d.get("error")) for d in done]
