@@ -6,6 +6,24 @@ one place; the job service never chooses a status code.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
+
+def error_field(loc: Iterable[Any]) -> str:
+    """A validation error's location as a client names the field, in both dialects:
+    ``('body', 'memory_slots', 1, 'audio_url')`` -> ``memory_slots[1].audio_url``."""
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "body"
+
 
 class ServiceError(Exception):
     """Base: ``message`` for people, ``field`` names the request field (dialect spelling) if any,

@@ -24,8 +24,8 @@ from api.core.errors import (
     ServiceError,
     TooLarge,
     Unavailable,
+    error_field,
 )
-from api.r2v.protocol import error_field
 
 PREFIX = "/v1/"
 

@@ -8,7 +8,7 @@ wrote it, e.g. ``memory_slots[1].audio_url``. No torch, no Dagster.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from api.core.errors import InvalidField
+from api.core.errors import InvalidField, error_field
 from api.core.specs import InputRef, MemoryRef, MergeSource, MergeSpec, ShotSpec, SourceRef
 
 CALLBACK_HEADER = "X-Nanobot-Director-Callback-Url"
@@ -533,20 +533,6 @@ class VersionResponse(_TaskFields):
 
 
 # -- 422 bodies ---------------------------------------------------------------------------------
-
-
-def error_field(loc: Iterable[Any]) -> str:
-    """``('body', 'memory_slots', 1, 'audio_url')`` -> ``memory_slots[1].audio_url``."""
-    parts = list(loc)
-    if parts and parts[0] in ("body", "query", "path", "header"):
-        parts = parts[1:]
-    out = ""
-    for part in parts:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "body"
 
 
 def _clean_message(msg: str) -> str:
