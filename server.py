@@ -29,7 +29,8 @@ import threading
 import time
 from pathlib import Path
 
-from orchestration.server_config import ServerConfig
+from orchestration.instance_yaml import write_dagster_yaml
+from settings.server import ServerConfig
 
 REPO = Path(__file__).resolve().parent
 log = logging.getLogger("shotloom.server")
@@ -228,7 +229,7 @@ class Stack:
     def start(self) -> None:
         self.cfg.state_dir.mkdir(parents=True, exist_ok=True)
         # dagster.yaml appears only once its storage exists: nothing opens a half-made schema.
-        staged = self.cfg.write_dagster_yaml(STAGED_YAML)
+        staged = write_dagster_yaml(self.cfg, STAGED_YAML)
         self.init_storage()
         staged.replace(staged.with_name("dagster.yaml"))
         self.plan()

@@ -22,7 +22,7 @@ from api.follower import Follower
 from api.references import MediaWorkerReferences
 from api.store import Store
 from orchestration.registry import WorkerRegistry
-from orchestration.server_config import ServerConfig
+from settings.server import ServerConfig
 from shotloom.config import REPO_ROOT, load_inference_config
 from shotloom.media_store import LocalMediaStore
 

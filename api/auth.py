@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from shotloom.api_config import AuthConfig
+from settings.api import AuthConfig
 
 ANONYMOUS = "api"  # the submitter of requests on a server without keys
 

@@ -12,7 +12,7 @@ from api.core.retention import Retention
 from api.dagster_client import DagsterGateway
 from api.follower import Follower
 from api.store import Store
-from shotloom.api_config import ApiConfig
+from settings.api import ApiConfig
 from shotloom.config import InferenceConfig
 
 

@@ -36,8 +36,8 @@ from api.dagster_client import (
 from api.store import ArtifactRecord, JobRecord, Store, backoff_delay
 from orchestration.launcher import WORKER_TAG, WorkerError, call_worker
 from orchestration.registry import WorkerRegistry
+from settings.api import ApiConfig
 from shotloom import stages
-from shotloom.api_config import ApiConfig
 
 log = logging.getLogger("shotloom.api")
 PRIORITY_TAG = "dagster/priority"

@@ -1,6 +1,6 @@
 """The input boundary: turn a client's resource reference into a validated, stored local asset.
 
-Accepted (r2v spec "Input boundary", limited by :class:`shotloom.api_config.InputPolicy`):
+Accepted (r2v spec "Input boundary", limited by :class:`settings.api.InputPolicy`):
 
 - ``data:`` URLs (base64 or percent-encoded);
 - ``http(s)://`` URLs, fetched with httpx (streamed, size- and time-limited) when ``fetch_urls`` is on;
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Literal
 
-from shotloom.api_config import InputPolicy
+from settings.api import InputPolicy
 from shotloom.media import file_sha256
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ from dagster import Definitions
 from orchestration.assets import media_assets
 from orchestration.jobs import extend, merge, r2v, reference, shot_stills
 from orchestration.rerender import checkpoint_id, rerender, schedules_for, sensors_for
-from orchestration.server_config import ServerConfig
 from resources import MediaStoreResource, ModelRuntimeResource, TensorIOManager
+from settings.server import ServerConfig
 
 # The server YAML (server.py names it) lists the re-render schedules; `dagster dev` alone has none.
 _server = os.environ.get("SHOTLOOM_SERVER_CONFIG")

@@ -28,7 +28,7 @@ from dagster import (
 from pydantic import Field
 
 from ops.assets import SHOT_KEY
-from orchestration.server_config import RerenderSchedule, ServerConfig
+from settings.server import RerenderSchedule, ServerConfig
 
 API_URL_ENV = "SHOTLOOM_API_URL"  # set by server.py for every process it starts
 API_KEY_ENV = "SHOTLOOM_RERENDER_API_KEY"  # an API key for re-renders, when the API requires keys

@@ -135,7 +135,7 @@ class Worker:
     ):
         from dagster import DagsterInstance
 
-        from orchestration.server_config import RuntimeConfig
+        from settings.server import RuntimeConfig
 
         self.name, self.device, self.threads, self.pool = name, device, threads, pool
         self.state_dir, self.warm = state_dir, warm
@@ -765,7 +765,7 @@ def main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(args.threads)
     name = args.name or device.replace(":", "-")
-    from orchestration.server_config import RuntimeConfig, ServerConfig
+    from settings.server import RuntimeConfig, ServerConfig
 
     server = ServerConfig.load(args.server_config) if args.server_config else None
     runtime_cfg = server.runtime if server else RuntimeConfig()

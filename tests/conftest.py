@@ -98,7 +98,7 @@ def write_server_yaml(
     **extra,
 ) -> Path:
     """A server YAML with ``workers`` one-thread CPU workers (warm) on a temp state dir and free ports."""
-    from orchestration.server_config import ServerConfig
+    from settings.server import ServerConfig
 
     data = {
         "state_dir": str(state),

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from api.auth import load_keys
-from shotloom.api_config import AuthConfig
+from settings.api import AuthConfig
 
 
 def test_keys_from_the_env_var_named_or_bare_and_beside_a_key_file(monkeypatch, tmp_path):

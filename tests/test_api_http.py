@@ -223,7 +223,7 @@ def test_unknown_ids_and_traversal_are_404(api):
 
 
 def test_memory_slot_by_shot_id_uses_the_newest_shot_of_the_work(api):
-    from orchestration.server_config import ServerConfig
+    from settings.server import ServerConfig
     from shotloom.media import file_sha256
 
     gateway = api.gateway()

@@ -18,7 +18,7 @@ from PIL import Image
 import api.inputs as api_inputs
 from api.inputs import MEDIA_SIZE, InputError, copy_into_assets, resolve_resource
 from api.store import Store
-from shotloom.api_config import ApiConfig, InputPolicy
+from settings.api import ApiConfig, InputPolicy
 from shotloom.media import write_mp4
 
 

@@ -15,7 +15,7 @@ from api.r2v.protocol import MergeRequest, R2VRequest
 from api.r2v.serving import ApiError, R2VServing
 from api.r2v.views import version_response
 from api.store import Store
-from shotloom.api_config import ApiConfig
+from settings.api import ApiConfig
 from shotloom.config import Performance, Sampler
 from shotloom.media import write_mp4
 

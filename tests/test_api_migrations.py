@@ -14,7 +14,7 @@ from alembic.runtime.migration import MigrationContext
 
 from api import migrations
 from api.store import Base, NewJob, Store, payload_hash
-from shotloom.api_config import ApiConfig
+from settings.api import ApiConfig
 
 import pg
 

@@ -14,7 +14,7 @@ from api.core.jobs import VERSION_TAG, JobService
 from api.dagster_client import DagsterGateway
 from api.r2v.protocol import R2VRequest
 from api.store import Store
-from shotloom.api_config import ApiConfig
+from settings.api import ApiConfig
 
 from api_stack import kill_everything, launch, wait_for, wait_ready, write_server_yaml
 from test_api_http import Receiver, shot

@@ -10,7 +10,7 @@ from api.core.errors import TooLarge
 from api.core.jobs import JobService
 from api.core.retention import Retention
 from api.store import NewJob, Store
-from shotloom.api_config import ApiConfig, OpenAIConfig
+from settings.api import ApiConfig, OpenAIConfig
 
 DAY = 86_400.0
 

@@ -14,7 +14,7 @@ import pytest
 
 from api import store as store_module
 from api.store import IdempotencyConflict, NewJob, Store, UnknownVersion, backoff_delay, payload_hash
-from shotloom.api_config import ApiConfig
+from settings.api import ApiConfig
 
 import pg
 

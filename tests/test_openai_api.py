@@ -375,7 +375,7 @@ def test_delete_queued_running_and_finished(client, stack):
 
     # A finished one goes with its files; a cancelled one goes at the second DELETE.
     finished = wait_status(stack, videos[1].id, ("completed",))
-    from orchestration.server_config import ServerConfig
+    from settings.server import ServerConfig
 
     version = stack.get(f"/version/{finished['shotloom']['version_id']}").json()
     folder = (ServerConfig.load(stack.config).media_root / version["video_url"].split("/media/", 1)[1]).parent
@@ -776,7 +776,7 @@ def test_characters_from_an_upload_and_by_id_then_used_in_a_later_video(
     assert taken.job_name == "reference" and taken.tags["dagster/priority"] == "10"  # a client waits
     [mat] = gateway.materializations(taken.run_id)
     assert mat.asset_key == ("reference",) and set(mat.metadata["frames"]) == {"middle"}
-    from orchestration.server_config import ServerConfig
+    from settings.server import ServerConfig
 
     media_root = ServerConfig.load(stack.config).media_root
     assert media_root.is_dir() and not (media_root / "references" / taken.run_id).exists()

@@ -20,7 +20,7 @@ from api.core.jobs import JobService
 from api.openai.errors import validation_error
 from api.openai.protocol import ServedModel, VideoCreateRequest
 from api.store import Store
-from shotloom.api_config import ApiConfig
+from settings.api import ApiConfig
 from shotloom.capabilities import Capabilities
 
 # The protocol tests' model, with the guide capabilities of the two families.

@@ -21,8 +21,8 @@ from api.openai.errors import OpenAIError, validation_error
 from api.openai.forms import FormError, unflatten
 from api.openai.protocol import ServedModel, Video, VideoCreateRequest, VideoExtension, snap_frames
 from api.store import JobRecord, NewJob, Store
+from settings.api import ApiConfig, SamplingLimits
 from shotloom import stages
-from shotloom.api_config import ApiConfig, SamplingLimits
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import Performance, Sampler
 

@@ -196,8 +196,9 @@ def test_a_device_worker_refuses_to_start_on_a_choice_its_device_cannot_do(check
     """Before it registers or takes a run: exit 2, the key in its log."""
     from dagster import DagsterInstance
 
+    from orchestration.instance_yaml import write_dagster_yaml
     from orchestration.registry import WorkerRegistry
-    from orchestration.server_config import ServerConfig
+    from settings.server import ServerConfig
 
     inference = tmp_path / "inference.yaml"
     data = config(checkpoint, tmp_path / "cache", attention_backend="_native_cudnn").model_dump(mode="json")
@@ -209,7 +210,7 @@ def test_a_device_worker_refuses_to_start_on_a_choice_its_device_cannot_do(check
             "workers": {"warm": False, "devices": [{"device": "cpu", "threads": 1}]},
         }
     ).resolved()
-    cfg.write_dagster_yaml()
+    write_dagster_yaml(cfg)
     env = {
         **os.environ,
         "DAGSTER_HOME": str(cfg.dagster_home),

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from dagster import DefaultScheduleStatus, build_schedule_context, validate_run_config
 
 from orchestration.rerender import rerender, schedules_for
-from orchestration.server_config import ServerConfig
+from settings.server import ServerConfig
 
 
 def test_each_schedule_ticks_one_keyed_rerender_run(tmp_path):

@@ -28,6 +28,7 @@ from dagster._core.launcher import LaunchRunContext
 from dagster._daemon.controller import create_daemon_of_type
 from dagster._daemon.run_coordinator import QueuedRunCoordinatorDaemon
 
+from orchestration.instance_yaml import write_dagster_yaml
 from orchestration.launcher import (
     BOOT_TAG,
     GPU_TAG,
@@ -40,7 +41,7 @@ from orchestration.launcher import (
     read_workers,
 )
 from orchestration.registry import WorkerRecord, WorkerRegistry
-from orchestration.server_config import ServerConfig
+from settings.server import ServerConfig
 from shotloom import stages
 
 from conftest import (
@@ -77,9 +78,7 @@ def test_private_dagster_apis_the_worker_uses_are_unchanged():
 
 
 def test_launcher_imports_without_torch():
-    code = (
-        "import sys, orchestration.launcher, orchestration.server_config; assert 'torch' not in sys.modules"
-    )
+    code = "import sys, orchestration.launcher, settings.server; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
@@ -102,7 +101,7 @@ def test_the_daemon_dequeues_as_soon_as_the_queue_changes(tmp_path):
             "dequeue_interval_seconds": 600,  # never reached here: only a change wakes it
         }
     ).resolved()
-    cfg.write_dagster_yaml()
+    write_dagster_yaml(cfg)
     _patch_run_queue_daemon()
     with DagsterInstance.from_config(str(cfg.dagster_home)) as instance:
         coordinator = instance.run_coordinator
@@ -166,7 +165,7 @@ def test_a_worker_that_ended_a_run_tells_the_api_whose_follower_reads_the_runs_a
     from api.worker_calls import worker_calls_router
     from orchestration.launcher import WORKER_TOKEN_ENV
     from orchestration.worker import Worker
-    from shotloom.api_config import ApiConfig
+    from settings.api import ApiConfig
 
     from api_stack import wait_for
 
@@ -211,7 +210,7 @@ def test_a_terminate_racing_another_on_a_queued_run_changes_nothing(tmp_path):
             "workers": {"devices": [{"device": "cpu"}]},
         }
     ).resolved()
-    cfg.write_dagster_yaml()
+    write_dagster_yaml(cfg)
     with DagsterInstance.from_config(str(cfg.dagster_home)) as instance:
         run = instance.add_run(DagsterRun(job_name="r2v", run_id="r" * 32, tags={GPU_TAG: "1"}))
         instance.report_run_canceling(run, message="Canceling run from the queue.")  # the first
@@ -231,7 +230,7 @@ def test_generated_dagster_yaml_builds_the_instance(tmp_path):
         }
     ).resolved()
     assert cfg.worker_names() == ["cpu-0", "cpu-1", "cuda-1"]
-    cfg.write_dagster_yaml()
+    write_dagster_yaml(cfg)
     with DagsterInstance.from_config(str(cfg.dagster_home)) as instance:
         assert isinstance(instance.run_launcher, DeviceRunLauncher)
         assert instance.run_launcher.supports_check_run_worker_health
@@ -290,7 +289,7 @@ def test_an_earlier_releases_per_run_event_files_move_into_the_consolidated_log(
 
     assert consolidate_events(storage) == 2
     assert consolidate_events(storage) == 0  # once
-    cfg.write_dagster_yaml()
+    write_dagster_yaml(cfg)
     with DagsterInstance.from_config(str(home)) as new:
         assert type(new.event_log_storage).__name__ == "ConsolidatedSqliteEventLogStorage"
         assert {r.run_id: [e.message for e in new.all_logs(r.run_id)] for r in runs} == before
@@ -544,7 +543,7 @@ def test_job_that_can_never_fit_fails_with_needed_and_available_figures(tmp_path
             "workers": {"warm": False, "devices": [{"device": "cpu", "threads": 1}]},
         }
     ).resolved()
-    cfg.write_dagster_yaml()
+    write_dagster_yaml(cfg)
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),

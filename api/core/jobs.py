@@ -39,8 +39,8 @@ from api.store import (
     payload_hash,
 )
 from orchestration.queue_control import QueueControl
+from settings.api import ApiConfig
 from shotloom import stages
-from shotloom.api_config import ApiConfig
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import Defaults, Performance, Sampler
 from shotloom.media_store import LocalMediaStore

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from api.core.errors import TooLarge
 from api.core.jobs import JobService
 from api.store import JobRecord, Store
-from shotloom.api_config import OpenAIConfig
+from settings.api import OpenAIConfig
 
 log = logging.getLogger("shotloom.api.retention")
 DIALECTS = ("openai", "images")  # whose jobs the store bounds (R2V versions are kept as lineage)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.store import JobRecord
-from shotloom.api_config import SamplingLimits
+from settings.api import SamplingLimits
 from shotloom.capabilities import CapabilityError, check_step_cache, check_steps
 from shotloom.config import NO_STEP_CACHE, Performance, Sampler
 from shotloom.performance import resolve_step_cache

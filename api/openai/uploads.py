@@ -15,7 +15,7 @@ from starlette.types import Message
 
 from api.core.errors import BodyTimeout, TooLarge
 from api.core.retention import Retention
-from shotloom.api_config import OpenAIConfig
+from settings.api import OpenAIConfig
 
 CHUNK_HOLD = 64 * 1024 * 1024  # a body without a length takes room this much at a time
 

@@ -1,4 +1,5 @@
-"""Server YAML (what ``server.py --config`` reads) and the ``dagster.yaml`` generated from it.
+"""Server YAML: what ``server.py --config`` reads (``orchestration.instance_yaml`` makes Dagster's
+``dagster.yaml`` from it).
 
 Relative paths resolve against the repository root, like the inference YAML's.
 No torch here: server.py, the webserver and the daemon import this.
@@ -13,9 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from orchestration.launcher import GPU_TAG, MEDIA_TAG
-from orchestration.storage import sqlite_storage_config
-from shotloom.api_config import ApiConfig
+from settings.api import ApiConfig
 from shotloom.config import REPO_ROOT, Adapter
 from shotloom.parallel import ParallelConfig
 
@@ -322,12 +321,6 @@ class ServerConfig(_Strict):
     def worker_names(self) -> list[str]:
         return [name for name, _ in self.worker_slots()]
 
-    def _storage_yaml(self) -> dict[str, Any]:
-        env = self.storage.postgres_url_env
-        if env:  # an env reference: the URL (and its password) never lands in dagster.yaml
-            return {"storage": {"postgres": {"postgres_url": {"env": env}}}}
-        return sqlite_storage_config(self.dagster_home / "storage")
-
     def service_store_url(self) -> str:
         """The service store's SQLAlchemy URL: api.database_url, else the shared PostgreSQL (schema
         'shotloom', beside Dagster's tables), else SQLite under the state dir."""
@@ -351,54 +344,3 @@ class ServerConfig(_Strict):
 
     def media_worker_names(self) -> list[str]:
         return [f"{self.workers.name_prefix}media-{n}" for n in range(self.workers.media)]
-
-    def dagster_yaml(self) -> dict[str, Any]:
-        m = self.monitoring
-        return {
-            **self._storage_yaml(),
-            "run_coordinator": {
-                "module": "orchestration.coordinator",
-                "class": "DeviceRunCoordinator",
-                "config": {
-                    "dequeue_interval_seconds": self.dequeue_interval_seconds,
-                    "state_dir": str(self.state_dir),  # queue control (pause, priorities) lives there
-                    # The pools' limits follow the workers alive in the registry, on every host.
-                    "heartbeat_timeout_seconds": self.runtime.heartbeat_timeout_seconds,
-                    # One limit per pool, on the key (not per value): any free worker of the pool
-                    # takes its oldest run.
-                    "tag_concurrency_limits": [
-                        {"key": GPU_TAG, "limit": len(self.workers.devices)},
-                        {"key": MEDIA_TAG, "limit": self.workers.media},
-                    ],
-                },
-            },
-            "run_launcher": {
-                "module": "orchestration.launcher",
-                "class": "DeviceRunLauncher",
-                "config": {
-                    "state_dir": str(self.state_dir),
-                    "heartbeat_timeout_seconds": self.runtime.heartbeat_timeout_seconds,
-                },
-            },
-            "run_monitoring": {
-                "enabled": True,
-                "poll_interval_seconds": m.poll_interval_seconds,
-                "max_resume_run_attempts": m.max_resume_run_attempts,
-                "start_timeout_seconds": m.start_timeout_seconds,
-                "cancel_timeout_seconds": m.cancel_timeout_seconds,
-            },
-            "run_retries": {
-                "enabled": self.retries.max_retries > 0,
-                "max_retries": self.retries.max_retries,
-                "retry_on_asset_or_op_failure": False,
-            },
-            # Nothing in the UI asks an operator to sign up for anything, and nothing phones home.
-            "telemetry": {"enabled": False},
-            "nux": {"enabled": False},
-        }
-
-    def write_dagster_yaml(self, name: str = "dagster.yaml") -> Path:
-        self.dagster_home.mkdir(parents=True, exist_ok=True)
-        path = self.dagster_home / name
-        path.write_text(yaml.safe_dump(self.dagster_yaml(), sort_keys=False))
-        return path
