@@ -267,8 +267,27 @@ def held_interrupts() -> Iterator[Callable[[], None]]:
         yield deliver
     finally:
         signal.signal(signal.SIGINT, original)
-        if held:  # came after the last step boundary: the next one outside will see it
-            signal.raise_signal(signal.SIGINT)
+        if held:  # came after the last step: every rank has finished, the cancel is rank 0's alone
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except BaseException as exc:
+                _mark_in_step(exc)
+                raise
+
+
+_IN_STEP = "_shotloom_group_in_step"  # set on an error every rank raised at the same step
+
+
+def _mark_in_step(error: BaseException) -> None:
+    try:
+        setattr(error, _IN_STEP, True)
+    except AttributeError:  # an exception type without a __dict__: treated as out of step
+        pass
+
+
+class StoppedByRankZero(RuntimeError):
+    """On a follower rank: rank 0 ended the denoise at a step boundary (a cancel); the group is
+    in step and goes on with the next one."""
 
 
 def group_progress(progress: Progress | None, interrupts: Callable[[], None] | None = None) -> Progress:
@@ -293,9 +312,10 @@ def group_progress(progress: Progress | None, interrupts: Callable[[], None] | N
         flag = torch.tensor([error is not None], dtype=torch.int32, device=device)
         dist.broadcast(flag, src=0)
         if error is not None:
+            _mark_in_step(error)
             raise error
         if flag.item():
-            raise RuntimeError(f"rank 0 stopped the denoise at step {done}/{total}")
+            raise StoppedByRankZero(f"rank 0 stopped the denoise at step {done}/{total}")
 
     return step
 
@@ -342,16 +362,18 @@ class RankGroup:
     @contextmanager
     def denoising(self, progress: Progress | None) -> Iterator[Progress]:
         """Around rank 0's denoise (after :meth:`send_denoise`): interrupts held to step
-        boundaries, the step verdict shared, and a failure that lost a rank reported to
-        ``on_lost`` (a collective error without a dead rank also leaves the group unusable)."""
-        import torch.distributed as dist
-
+        boundaries, the step verdict shared; any other way out of the denoise (rank 0's own error,
+        a rank that died, a failed collective) leaves the other ranks out of step, so it is
+        reported to ``on_lost``."""
         try:
             with held_interrupts() as deliver:
                 yield group_progress(progress, deliver)
-        except Exception as exc:
-            collective = isinstance(exc, dist.DistError) or "gloo" in str(exc) or "NCCL" in str(exc)
-            if not self.lost() and collective and self.on_lost is not None:
+        except BaseException as exc:
+            if getattr(exc, _IN_STEP, False):  # every rank left at the same step: still in step
+                raise
+            # Rank 0 left on its own (its own error, a rank that died, a failed collective): the
+            # others wait in a collective of this denoise, so the group restarts whole.
+            if not self.lost() and self.on_lost is not None:
                 self.on_lost([])
             raise
 
@@ -401,7 +423,7 @@ class RankGroup:
             except OSError:
                 pass
         for proc in self._procs:
-            proc.join(timeout=10)
+            proc.join(timeout=5)  # one stuck in a collective cannot read "stop"
             if proc.is_alive():
                 proc.kill()
         close_group()
@@ -446,7 +468,13 @@ def _follower_main(rank: int, spec: GroupSpec, port: int, pipe: Any) -> None:
             _, tensors, meta, req = message
             try:
                 runtime.denoise(TensorBundle(tensors, meta), GenerationRequest.from_json(req))
-            except Exception as exc:  # rank 0's cancel reaches here too: wait for the next one
-                log.warning("rank %d: denoise ended: %s", rank, exc)
+            except StoppedByRankZero as exc:  # a cancel: every rank left at the same step
+                log.warning("rank %d: %s", rank, exc)
+            except Exception:
+                # This rank failed alone (e.g. out of memory on its device): rank 0 would wait in
+                # the next collective until the group's timeout. Exiting closes this rank's
+                # connections, so rank 0's collective fails now and the group restarts whole.
+                log.exception("rank %d: denoise failed; leaving the group", rank)
+                raise SystemExit(1) from None
     finally:
         close_group()

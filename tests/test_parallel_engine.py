@@ -140,7 +140,7 @@ def test_ulysses_over_two_cpu_ranks_equals_one_process(checkpoints, tmp_path):
         # BLAS (TI2V's per-token timesteps show ~2e-6 here); a wrong split or gather is O(1).
         torch.testing.assert_close(ours["video"], reference, rtol=0, atol=1e-5)
     assert reports[0]["cancel"] == "Cancelled: cancelled"
-    assert reports[1]["cancel"] == "RuntimeError: rank 0 stopped the denoise at step 2/3"
+    assert reports[1]["cancel"] == "StoppedByRankZero: rank 0 stopped the denoise at step 2/3"
 
 
 def test_refusals_name_the_key(checkpoints, tmp_path):
@@ -174,3 +174,54 @@ def test_parallel_config():
     for bad in ({"ulysses": 0}, {"ring": -1}, {"tensor": 2}):
         with pytest.raises(ValidationError, match=next(iter(bad))):
             ParallelConfig.model_validate(bad)
+
+
+def _rank0_fails_alone(checkpoint: Path, config_path: Path, out: Path) -> None:
+    """Rank 0 of a real RankGroup whose own DiT fails mid-denoise (its third call raises, on rank 0
+    only): the follower waits in that call's collective, so the group must be reported lost."""
+    import os
+
+    os.environ["SHOTLOOM_INFERENCE_CONFIG"] = str(config_path)  # the followers load it too
+    from shotloom.parallel import GroupSpec, RankGroup
+    from shotloom.runtime import get_runtime
+
+    reported: list[list[int]] = []
+    group = RankGroup(
+        GroupSpec(parallel=ParallelConfig(ulysses=RANKS), device_type="cpu", threads=1, timeout_s=60),
+        on_lost=reported.append,
+    )
+    rt = get_runtime(None, group.start())
+    rt.group = group
+    req = rt.check(rt.resolve(REQ.prompt, seed=REQ.seed))
+    cond, _ = rt.condition(req)
+    calls = {"n": 0}
+
+    def fail_on_third_call(_module, _args):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("rank 0 alone fails")
+
+    rt.adapter.pipe.transformer.register_forward_pre_hook(fail_on_third_call)
+    try:
+        rt.denoise(cond, req)
+        outcome = "no error"
+    except Exception as exc:
+        outcome = type(exc).__name__
+    group.close()
+    torch.save({"reported": reported, "outcome": outcome}, out)
+
+
+@pytest.mark.slow
+def test_rank_0_failing_alone_reports_the_group_lost(checkpoints, tmp_path):
+    import yaml
+
+    config_path = tmp_path / "inference.yaml"
+    config_path.write_text(yaml.safe_dump(native_config(checkpoints["t2v"]).model_dump(mode="json")))
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(target=_rank0_fails_alone, args=(checkpoints["t2v"], config_path, tmp_path / "r.pt"))
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == 0
+    result = torch.load(tmp_path / "r.pt")
+    # Lost with no rank dead: the follower is alive but out of step (waiting in a collective).
+    assert result["outcome"] == "RuntimeError" and result["reported"] == [[]]
