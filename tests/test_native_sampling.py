@@ -89,6 +89,22 @@ def request(**changes) -> GenerationRequest:
     return replace(base, **changes)
 
 
+def pipeline_latents(pipe, **inputs) -> torch.Tensor:
+    """diffusers' own ``__call__`` on the test clip (64x64, 9 frames, STEPS steps at GUIDANCE unless
+    ``inputs`` say otherwise), seeded as a diffusers user seeds a run: its latent output."""
+    call = dict(
+        prompt=PROMPT,  # prompt only: the negative prompt is the pipeline's default ("")
+        height=64,
+        width=64,
+        num_frames=9,
+        num_inference_steps=STEPS,
+        guidance_scale=GUIDANCE,
+        generator=torch.Generator().manual_seed(SEED),
+        output_type="latent",
+    )
+    return pipe(**{**call, **inputs}).frames
+
+
 @pytest.mark.parametrize("shape", list(TINY_SHAPES))
 def test_every_shape_equals_the_pipelines_own_call(shape, checkpoints, frame):
     ckpt = checkpoints[shape]
@@ -105,19 +121,8 @@ def test_every_shape_equals_the_pipelines_own_call(shape, checkpoints, frame):
     ours = dict(calls)
     calls.update(dict.fromkeys(calls, 0))
 
-    kwargs = dict(
-        prompt=PROMPT,  # prompt only: the negative prompt is the pipeline's default ("")
-        height=64,
-        width=64,
-        num_frames=9,
-        num_inference_steps=STEPS,
-        guidance_scale=GUIDANCE,
-        generator=torch.Generator().manual_seed(SEED),  # how a diffusers user seeds a run
-        output_type="latent",
-    )
-    if first is not None:
-        kwargs["image"] = Image.open(first).convert("RGB")
-    reference = adapter.pipe(**kwargs).frames
+    image = {"image": Image.open(first).convert("RGB")} if first is not None else {}
+    reference = pipeline_latents(adapter.pipe, **image)
     assert latents.shape == reference.shape
     assert torch.equal(latents, reference)  # bit for bit: the same ops in the same order
     # CFG: two DiT calls a step (the prompt and the negative prompt), as the pipeline makes them.
@@ -140,18 +145,9 @@ def test_i2v_first_and_last_frame_equal_the_pipeline(shape, checkpoints, frame, 
     assert adapter.capabilities.last_frame
     req = request(first_frame=frame, last_frame=last)
     latents = adapter.denoise(adapter.encode(req), req).tensors["video"]
-    reference = adapter.pipe(
-        prompt=PROMPT,
-        image=Image.open(frame).convert("RGB"),
-        last_image=Image.open(last).convert("RGB"),
-        height=64,
-        width=64,
-        num_frames=9,
-        num_inference_steps=STEPS,
-        guidance_scale=GUIDANCE,
-        generator=torch.Generator().manual_seed(SEED),
-        output_type="latent",
-    ).frames
+    reference = pipeline_latents(
+        adapter.pipe, image=Image.open(frame).convert("RGB"), last_image=Image.open(last).convert("RGB")
+    )
     assert torch.equal(latents, reference)
     first_only = adapter.denoise(adapter.encode(request(first_frame=frame)), request(first_frame=frame))
     assert not torch.equal(first_only.tensors["video"], latents)  # the last frame conditions it
@@ -169,19 +165,7 @@ def test_vace_with_references_equals_the_pipeline(checkpoints, frame):
     video[0, 0] = np.asarray(image, dtype=np.float32) / 255.0
     mask = np.ones_like(video)
     mask[0, 0] = 0.0
-    reference = adapter.pipe(
-        prompt=PROMPT,
-        video=video,
-        mask=mask,
-        reference_images=[image],
-        height=64,
-        width=64,
-        num_frames=9,
-        num_inference_steps=STEPS,
-        guidance_scale=GUIDANCE,
-        generator=torch.Generator().manual_seed(SEED),
-        output_type="latent",
-    ).frames
+    reference = pipeline_latents(adapter.pipe, video=video, mask=mask, reference_images=[image])
     assert reference.shape[2] == latents.shape[2] + 1
     assert torch.equal(latents, reference[:, :, 1:])
 
@@ -299,16 +283,7 @@ def test_inference_cli_steps_guidance_and_saved_latents(checkpoints, tmp_path):
     assert summary["sampling"]["steps"] == 3 and summary["sampling"]["guidance_scale"] == 2.5
     latents = load_file(str(saved))["latents"]
     adapter = WanAdapter.load(native_config(checkpoints["t2v"]))
-    reference = adapter.pipe(
-        prompt=PROMPT,
-        height=64,
-        width=64,
-        num_frames=9,
-        num_inference_steps=3,
-        guidance_scale=2.5,
-        generator=torch.Generator().manual_seed(SEED),
-        output_type="latent",
-    ).frames
+    reference = pipeline_latents(adapter.pipe, num_inference_steps=3, guidance_scale=2.5)
     assert torch.equal(latents, reference)
 
 
@@ -346,17 +321,7 @@ def test_ti2v_first_frame_equals_diffusers_i2v_pipeline_on_the_same_folder(check
     latents = adapter.denoise(adapter.encode(req), req).tensors["video"]
     pipe = WanImageToVideoPipeline.from_pretrained(str(ckpt), local_files_only=True)
     pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
-    reference = pipe(
-        image=Image.open(frame).convert("RGB"),
-        prompt=PROMPT,
-        height=64,
-        width=64,
-        num_frames=9,
-        num_inference_steps=STEPS,
-        guidance_scale=GUIDANCE,
-        generator=torch.Generator().manual_seed(SEED),
-        output_type="latent",
-    ).frames
+    reference = pipeline_latents(pipe, image=Image.open(frame).convert("RGB"))
     assert torch.equal(latents, reference)
     # and the text-only form of the same checkpoint still differs from it (the frame conditions)
     text_only = adapter.denoise(adapter.encode(request(fps=24)), request(fps=24)).tensors["video"]
