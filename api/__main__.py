@@ -15,10 +15,10 @@ from dagster import DagsterInstance
 
 from api.app import create_app
 from api.auth import load_keys
+from api.background import Background
 from api.context import ApiContext
 from api.core.jobs import JobService
 from api.dagster_client import DagsterGateway
-from api.follower import Follower
 from api.references import MediaWorkerReferences
 from api.store import Store
 from orchestration.registry import WorkerRegistry
@@ -34,15 +34,15 @@ def build_context(cfg: ServerConfig) -> ApiContext:
     gateway = DagsterGateway("127.0.0.1" if web.host in ("0.0.0.0", "::") else web.host, web.port)
     # The worker registry lives in Dagster's storage (shared by every host); the API reads it there.
     registry = WorkerRegistry(DagsterInstance.from_config(str(cfg.dagster_home)).run_storage)
-    follower = Follower(store, gateway, api, registry, poll_seconds=api.follow_interval_seconds)
+    background = Background(store, gateway, api, registry, poll_seconds=api.follow_interval_seconds)
     inference = load_inference_config(cfg.inference_config())
     jobs = JobService(
         store,
         api,
         cfg.state_dir,
         cfg.media_root,
-        on_accept=follower.poke,
-        capabilities=follower.capabilities,
+        on_accept=background.poke,
+        capabilities=background.capabilities,
         defaults=inference.defaults,
         sampler_for=inference.sampler_for,
         performance=inference.performance,
@@ -57,7 +57,7 @@ def build_context(cfg: ServerConfig) -> ApiContext:
         api=api,
         store=store,
         gateway=gateway,
-        follower=follower,
+        background=background,
         jobs=jobs,
         media_root=cfg.media_root,
         worker_names=cfg.worker_names(),
@@ -67,7 +67,7 @@ def build_context(cfg: ServerConfig) -> ApiContext:
         residency_policy=cfg.runtime.dit_residency,
         keys=load_keys(api.auth),
     )
-    follower.every("job-store", ctx.retention.sweep, api.openai.sweep_interval_s)
+    background.every("job-store", ctx.retention.sweep, api.openai.sweep_interval_s)
     return ctx
 
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = ServerConfig.load(args.config)
     app = create_app(build_context(cfg))
-    # One process: the follower threads own submission and callbacks.
+    # One process: the background threads own submission and callbacks.
     uvicorn.run(
         app, host=cfg.api.host, port=cfg.api.port, workers=1, log_level="info", access_log=cfg.api.access_log
     )

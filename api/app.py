@@ -1,6 +1,6 @@
 """The HTTP app: one router per dialect (R2V scheduler, OpenAI-compatible), media and health.
 
-Dagster is reached only by :class:`api.follower.Follower` and the health check, over GraphQL.
+Dagster is reached only by :class:`api.background.Background` and the health check, over GraphQL.
 Each dialect maps errors to its own status codes and body shape; request validation errors are
 sent to the dialect that owns the path. Built by :func:`create_app`; ``python -m api`` serves it.
 """
@@ -40,11 +40,11 @@ from api.worker_calls import worker_calls_router
 def create_app(ctx: ApiContext) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
-        ctx.follower.start()  # also reconciles jobs accepted before a crash but never submitted
+        ctx.background.start()  # also reconciles jobs accepted before a crash but never submitted
         try:
             yield
         finally:
-            ctx.follower.stop()
+            ctx.background.stop()
 
     app = FastAPI(
         title="shotloom",

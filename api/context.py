@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from api.auth import KeyRing
+from api.background import Background
 from api.core.jobs import JobService
 from api.core.retention import Retention
 from api.dagster_client import DagsterGateway
-from api.follower import Follower
 from api.store import Store
 from settings.api import ApiConfig
 from shotloom.config import InferenceConfig
@@ -21,7 +21,7 @@ class ApiContext:
     api: ApiConfig
     store: Store
     gateway: DagsterGateway
-    follower: Follower
+    background: Background  # submits, follows runs, delivers callbacks, reads workers
     jobs: JobService
     media_root: Path
     worker_names: list[str]

@@ -28,12 +28,14 @@ from typing import Any
 
 from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
-ROOT_RUN_ID_TAG = "dagster/root_run_id"
-PARENT_RUN_ID_TAG = "dagster/parent_run_id"
-RETRY_NUMBER_TAG = "dagster/retry_number"
-WILL_RETRY_TAG = "dagster/will_retry"
-AUTO_RETRY_RUN_ID_TAG = "dagster/auto_retry_run_id"
-FAILURE_REASON_TAG = "dagster/failure_reason"
+from contracts.tags import (
+    AUTO_RETRY_RUN_ID_TAG,
+    FAILURE_REASON_TAG,
+    PARENT_RUN_ID_TAG,
+    RETRY_NUMBER_TAG,
+    ROOT_RUN_ID_TAG,
+    WILL_RETRY_TAG,
+)
 
 RUN_STATUSES = (
     "QUEUED",
@@ -109,7 +111,7 @@ class RunInfo:
 
     @property
     def create_time(self) -> float:
-        """Alias of ``creation_time`` (api/follower.py reads this name)."""
+        """Alias of ``creation_time`` (the background tracker reads this name)."""
         return self.creation_time
 
     @property

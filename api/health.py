@@ -91,7 +91,7 @@ def health(ctx: ApiContext) -> dict[str, Any]:
         daemon = ctx.gateway.daemon_healthy() if webserver else None
     except Exception:
         webserver, daemon = False, None
-    snaps = ctx.follower.workers
+    snaps = ctx.background.workers
 
     def expected(pool: str, configured: list[str]) -> list[str]:
         """This host's configured workers and every worker of the pool registered on any host
@@ -128,7 +128,7 @@ def health(ctx: ApiContext) -> dict[str, Any]:
         for name in expected("media", ctx.media_worker_names)
     ]  # fmt: skip
     ready = {
-        "api": ctx.follower.started,
+        "api": ctx.background.started,
         "webserver": bool(webserver),
         "daemon": bool(daemon),
         "workers": bool(workers) and all(w["ready"] for w in workers),  # one device at least
@@ -156,7 +156,7 @@ def health(ctx: ApiContext) -> dict[str, Any]:
             "pending_tasks": queues["r2v"]["queued"] + queues["merge"]["queued"],
             "running_tasks": queues["r2v"]["running"] + queues["merge"]["running"],
             "max_queue": ctx.api.max_queue,
-            **ctx.follower.counters,
+            **ctx.background.counters,
         },
         ffmpeg_available=ffmpeg_available(),
         ready=ready,

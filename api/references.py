@@ -14,14 +14,13 @@ from typing import Any, Protocol
 
 from api.core.errors import Unavailable
 from api.dagster_client import DagsterGateway, DagsterGatewayError
+from contracts.tags import KIND_TAG, PRIORITY_TAG, USER_TAG
 from shotloom.media_store import LocalMediaStore
 
 REFERENCE_JOB = "reference"
 # A request waits for it: it goes before the queued stills and merges of the media lanes.
 REFERENCE_PRIORITY = "10"
-PRIORITY_TAG = "dagster/priority"
 REFERENCE_ASSET = ("reference",)  # its materializations, as GraphQL reads the key
-KIND_TAG = "shotloom/kind"
 POLL_S = 0.05  # a warm media worker answers in a few hundred ms
 
 
@@ -86,7 +85,7 @@ class MediaWorkerReferences:
             run_id = self.gateway.submit(
                 REFERENCE_JOB,
                 {"ops": {"reference_op": {"config": config}}},
-                {KIND_TAG: REFERENCE_JOB, "user": user or "api", PRIORITY_TAG: REFERENCE_PRIORITY},
+                {KIND_TAG: REFERENCE_JOB, USER_TAG: user or "api", PRIORITY_TAG: REFERENCE_PRIORITY},
             )
         except DagsterGatewayError as exc:
             raise Unavailable(f"could not start taking the video's frames: {exc}") from None

@@ -23,7 +23,7 @@ def worker_calls_router(ctx: ApiContext) -> APIRouter:
         given = request.headers.get("authorization", "")
         if token and not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             return Response(status_code=401)
-        ctx.follower.run_ended()
+        ctx.background.run_ended()
         return Response(status_code=204)
 
     return router

@@ -290,7 +290,7 @@ def measure_burst(stack: ApiStack, state: Path, n: int) -> dict:
     """``n`` accepts as fast as one client sends them; seconds until all are runs in Dagster."""
     from dagster import DagsterInstance, RunsFilter
 
-    from shotloom.stages import VERSION_TAG
+    from contracts.tags import VERSION_TAG
 
     assert stack.client.post(stack.base + "/queue/pause").status_code == 200
     bodies = [{**r2v_body(i), "work_id": "burst", "job_id": f"burst-{i:04d}"} for i in range(n)]

@@ -410,7 +410,7 @@ class Stack:
         self.stop_s = time.monotonic() - asked
 
     def submit(self, name: str, size: list[int]) -> tuple[str, float]:
-        from orchestration.launcher import GPU_TAG
+        from contracts.tags import GPU_TAG
 
         config = {"work_id": "bench", "shot_id": name, **job_request(name, size)}
         submitted = time.time()
@@ -595,7 +595,7 @@ def run_hosts(root: Path, args: argparse.Namespace) -> dict:
 
 # -- measurements --------------------------------------------------------------------
 def measure_throughput(stack: Stack, names: list[str], size: list[int], job_s: float) -> dict:
-    from orchestration.launcher import WORKER_TAG
+    from contracts.tags import WORKER_TAG
 
     submitted = [stack.submit(name, size) for name in names]
     first_submit = submitted[0][1]
@@ -620,7 +620,7 @@ def measure_sequential(
 ) -> list[dict]:
     """One run at a time on idle workers, each paired with the same job in the baseline process
     just before or after it (alternately): the latency and overhead samples."""
-    from orchestration.launcher import LAUNCHED_AT_TAG
+    from contracts.tags import LAUNCHED_AT_TAG
 
     samples = []
     for i, name in enumerate(names):

@@ -5,12 +5,13 @@ from pathlib import Path
 from dagster import AssetMaterialization, Config, In, MetadataValue, OpExecutionContext, Out, Output, op
 from pydantic import Field
 
+from contracts import events
+from contracts.tags import VERSION_TAG
 from ops.assets import FILM_KEY, register_work_partition
 from ops.types import FilmArtifact, ShotArtifact
 from resources import run_state
 from resources.media_store import MediaStoreResource
 from shotloom import stages
-from shotloom.stages import VERSION_TAG
 
 # Frames in the film's spritesheet (3x3). A constant: the merge job has no inference YAML, whose
 # defaults.spritesheet_frames sets the shots' count.
@@ -73,7 +74,7 @@ def _film(
 ):
     from shotloom.media import merge_mp4
 
-    run_state.record(context.instance, context.run_id, stages.stage_tags(stages.MERGING))
+    run_state.record(context.instance, context.run_id, events.stage_tags(stages.MERGING))
     inputs = [Path(p) if Path(p).is_absolute() else media.resolve(p) for p in paths]
     output = media.film_path(work_id, context.run_id)
     result = merge_mp4(inputs, output)

@@ -24,6 +24,8 @@ from dagster import (
 )
 from pydantic import Field
 
+from contracts import events
+from contracts.tags import VERSION_TAG
 from ops.assets import SHOT_KEY, register_shot_partition
 from ops.types import ConditioningBundle, DecodedBundle, LatentsBundle, ShotArtifact
 from resources import run_state
@@ -32,7 +34,6 @@ from resources.model_runtime import ModelRuntimeResource
 from shotloom import stages
 from shotloom.capabilities import CapabilityError
 from shotloom.request import GenerationRequest, Guide, MemorySlot
-from shotloom.stages import VERSION_TAG
 
 PROGRESS_TAG_INTERVAL_S = 0.5  # progress tags are DB writes: at most two a second (plus the last)
 
@@ -99,7 +100,7 @@ def _stage(context: OpExecutionContext):
     """on_stage callback: the run's stage (its tag, and a run event with the time)."""
 
     def enter(stage: str) -> None:
-        run_state.record(context.instance, context.run_id, stages.stage_tags(stage))
+        run_state.record(context.instance, context.run_id, events.stage_tags(stage))
 
     return enter
 
@@ -113,7 +114,7 @@ def _progress(context: OpExecutionContext, stage: str, what: str):
         context.log.debug(f"{what} {done}/{total}")
         now = time.monotonic()
         if done >= total or now - last >= PROGRESS_TAG_INTERVAL_S:
-            run_state.record(context.instance, context.run_id, stages.progress_tag(stage, done, total))
+            run_state.record(context.instance, context.run_id, events.progress_tag(stage, done, total))
             last = now
 
     return report

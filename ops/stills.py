@@ -5,6 +5,7 @@ PNG work never holds a GPU)."""
 from dagster import AssetMaterialization, Config, OpExecutionContext, Out, Output, op
 from pydantic import Field
 
+from contracts import events
 from ops.assets import SHOT_STILLS_KEY, register_shot_partition
 from ops.types import StillsArtifact
 from resources import run_state
@@ -22,7 +23,7 @@ class StillsConfig(Config):
 @op(out=Out(StillsArtifact), tags={"stage": "writing"})
 def stills_op(context: OpExecutionContext, config: StillsConfig, media: MediaStoreResource):
     """Decode only the frames the stills need (by seeking) and write the PNGs beside the MP4."""
-    run_state.record(context.instance, context.run_id, stages.stage_tags(stages.WRITING))
+    run_state.record(context.instance, context.run_id, events.stage_tags(stages.WRITING))
     video = media.resolve(config.video)
     stills = media.write_stills(video, video, config.spritesheet_frames)
     # What later shots take from this one (memory, an extension's first frame), kept beside it.

@@ -25,10 +25,9 @@ from dagster._config.config_schema import UserConfigSchema
 from dagster._core.run_coordinator.queued_run_coordinator import QueuedRunCoordinator, RunQueueConfig
 from dagster._core.storage.runs.schema import RunsTable, RunTagsTable
 from dagster._core.storage.runs.sql_run_storage import SqlRunStorage
-from dagster._core.storage.tags import PRIORITY_TAG
 from sqlalchemy import func, select
 
-from orchestration.launcher import GPU_TAG, POOL_TAGS
+from contracts.tags import GPU_TAG, POOL_TAGS, PRIORITY_TAG
 from orchestration.queue_control import QueueControl
 from orchestration.registry import WorkerRegistry
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from orchestration.launcher import GPU_TAG, MEDIA_TAG
+from contracts.tags import GPU_TAG, MEDIA_TAG
 from orchestration.storage import sqlite_storage_config
 from settings.server import ServerConfig
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dagster import in_process_executor, job
 
+from contracts.tags import GPU_TAG, MEDIA_TAG, STAGE_TAG
 from ops.merge import merge_op, stitch_op
 from ops.reference import reference_op
 from ops.shot import condition_op, decode_op, denoise_op, write_op
 from ops.stills import stills_op
-from orchestration.launcher import GPU_TAG, MEDIA_TAG
-from shotloom.stages import QUEUED, STAGE_TAG
+from shotloom.stages import QUEUED
 
 
 def _pool_job(pool_tag: str, description: str):

@@ -37,21 +37,20 @@ from dagster._core.launcher import (
 from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
+from contracts import events
+from contracts.tags import (
+    BOOT_TAG,
+    LAUNCHED_AT_TAG,
+    LOADS_TAG,  # noqa: F401  (orchestration.worker imports it from here until it moves)
+    PID_TAG,
+    POOL_TAGS,
+    WORKER_TAG,
+)
 from orchestration.registry import WorkerRecord, WorkerRegistry
 from resources import run_state
 from shotloom import stages
-from shotloom.stages import HIDDEN
 
-# Hidden tags (Dagster keeps them, never lists them): for the launcher and workers, not for filtering.
-GPU_TAG = HIDDEN + "gpu"  # runs carrying it go to a device worker (and count against the gpu limit)
-MEDIA_TAG = HIDDEN + "media"  # runs carrying it go to a media worker (and count against the media limit)
-POOL_TAGS = {"device": GPU_TAG, "media": MEDIA_TAG}
 WORKER_TOKEN_ENV = "SHOTLOOM_WORKER_TOKEN"  # the shared secret a worker demands of its callers
-WORKER_TAG = "shotloom/worker"  # visible: the device worker an operator filters by
-BOOT_TAG = HIDDEN + "worker_boot_id"
-PID_TAG = HIDDEN + "worker_pid"
-LAUNCHED_AT_TAG = HIDDEN + "launched_at"  # launch order, in the daemon's (serial) dequeue order
-LOADS_TAG = HIDDEN + "runtime_loads"  # weight loads of the worker process after the run
 
 
 def read_workers(state_dir: str | Path, pool: str | None = None) -> list[WorkerRecord]:
@@ -204,7 +203,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
                 PID_TAG: str(record.pid),
                 LAUNCHED_AT_TAG: f"{time.time():.6f}",
                 # A resumed run (its worker died mid-run) is visibly "recovered", then moves on.
-                **stages.stage_tags(stages.RECOVERED if resume else stages.CLAIMED),
+                **events.stage_tags(stages.RECOVERED if resume else stages.CLAIMED),
             },
         )
 

@@ -62,7 +62,7 @@ class ApiStack:
 
     def runs_of(self, version_id: str) -> list:
         """The Dagster runs a job was made of, oldest first."""
-        from shotloom.stages import VERSION_TAG
+        from contracts.tags import VERSION_TAG
 
         runs = self.gateway().find_runs_by_tag(VERSION_TAG, version_id)
         return sorted(runs, key=lambda r: r.create_time or 0)

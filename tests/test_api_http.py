@@ -464,7 +464,8 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
     assert missing.status_code == 409 and missing.json()["error"].startswith("shots[0].version_id")
 
     # The merge ran in the long-lived media worker's process (no process started per merge).
-    from orchestration.launcher import WORKER_TAG, read_workers
+    from contracts.tags import WORKER_TAG
+    from orchestration.launcher import read_workers
 
     media = sorted(w.name for w in read_workers(api.state, "media"))
     health = api.get("/health").json()
@@ -474,7 +475,7 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
     # materialization names its shots' versions; each version's run recorded its shot with the
     # inputs it was conditioned on (content hashes, and the earlier version a memory slot came from).
     from api.dagster_client import DagsterGateway
-    from shotloom.stages import VERSION_TAG
+    from contracts.tags import VERSION_TAG
 
     web = yaml.safe_load(api.config.read_text())["webserver"]
     gateway = DagsterGateway(web["host"], web["port"])

@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from api.core.jobs import VERSION_TAG, JobService
+from api.core.jobs import JobService
 from api.dagster_client import DagsterGateway
 from api.r2v.protocol import R2VRequest
 from api.store import Store
+from contracts.tags import VERSION_TAG
 from settings.api import ApiConfig
 
 from api_stack import kill_everything, launch, wait_for, wait_ready, write_server_yaml

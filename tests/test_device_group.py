@@ -15,7 +15,8 @@ import httpx
 import pytest
 import yaml
 
-from orchestration.launcher import WORKER_TAG, read_workers
+from contracts.tags import WORKER_TAG
+from orchestration.launcher import read_workers
 from shotloom.families.wan import WanAdapter
 
 from api_stack import launch, stop_api_stack, wait_for, wait_ready

@@ -350,9 +350,9 @@ def _bare_app(tmp_path):
     """The real app (both dialects, health) on a real store, with no Dagster, workers or follower
     threads: the lifespan is not run, so the follower has not started."""
     from api.app import create_app
+    from api.background import Background
     from api.context import ApiContext
     from api.dagster_client import DagsterGateway
-    from api.follower import Follower
     from shotloom.config import REPO_ROOT, load_inference_config
 
     api = ApiConfig()
@@ -363,7 +363,7 @@ def _bare_app(tmp_path):
         api=api,
         store=store,
         gateway=gateway,
-        follower=Follower(store, gateway, api, registry=None),
+        background=Background(store, gateway, api, registry=None),
         jobs=JobService(
             store,
             api,
@@ -419,7 +419,7 @@ def test_create_answers_503_while_not_ready_and_501_naming_a_missing_encoder(tmp
         "param": None,
         "code": "unavailable",
     }
-    ctx.follower.started = True
+    ctx.background.started = True
     monkeypatch.setattr(serving, "missing_encoders", lambda: ["libx264"])
     for path in ("/v1/videos", "/v1/videos/generations", "/v1/videos/sync"):
         resp = client.post(path, json=body)
@@ -700,7 +700,7 @@ def test_health_is_starting_then_ok_then_degraded_when_a_worker_is_gone(tmp_path
     monkeypatch.setattr(ctx.gateway, "ping", lambda: True)
     monkeypatch.setattr(ctx.gateway, "daemon_healthy", lambda: True)
     ctx.worker_names = ["w0", "w1"]
-    ctx.follower.workers = {"w0": {"pool": "device", "state": "warming"}}
+    ctx.background.workers = {"w0": {"pool": "device", "state": "warming"}}
 
     def get():
         ctx.health_cache = None
@@ -708,15 +708,15 @@ def test_health_is_starting_then_ok_then_degraded_when_a_worker_is_gone(tmp_path
         return resp.status_code, resp.json()["status"]
 
     assert get() == (503, "starting")  # the API has not started
-    ctx.follower.started = True
+    ctx.background.started = True
     assert get() == (503, "starting")  # w0 warming, w1 not registered yet
-    ctx.follower.workers = {n: {"pool": "device", "state": "idle"} for n in ("w0", "w1")}
+    ctx.background.workers = {n: {"pool": "device", "state": "idle"} for n in ("w0", "w1")}
     assert get() == (503, "starting")  # no media worker on any host yet: no shot could finish
-    ctx.follower.workers["media-0"] = {"pool": "media", "state": "idle"}  # registered on some host
+    ctx.background.workers["media-0"] = {"pool": "media", "state": "idle"}  # registered on some host
     assert get() == (200, "ok")
-    ctx.follower.workers["w1"] = {"pool": "device", "state": "unreachable"}
+    ctx.background.workers["w1"] = {"pool": "device", "state": "unreachable"}
     assert get() == (503, "degraded")
-    ctx.follower.workers["w1"] = {"pool": "device", "state": "idle"}
+    ctx.background.workers["w1"] = {"pool": "device", "state": "idle"}
     assert get() == (200, "ok")
     monkeypatch.setattr(ctx.gateway, "daemon_healthy", lambda: False)
     assert get() == (503, "degraded")  # the daemon went away after the service was up

@@ -23,7 +23,7 @@ import pytest
 from dagster import DagsterEventType, DagsterRunStatus
 from dagster._daemon.monitoring.run_monitoring import RESUME_RUN_LOG_MESSAGE
 
-from orchestration.launcher import BOOT_TAG, LAUNCHED_AT_TAG, PID_TAG, WORKER_TAG
+from contracts.tags import BOOT_TAG, LAUNCHED_AT_TAG, PID_TAG, WORKER_TAG
 from orchestration.registry import CLAIM_PREFIX
 from shotloom import stages
 

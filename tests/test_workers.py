@@ -28,18 +28,9 @@ from dagster._core.launcher import LaunchRunContext
 from dagster._daemon.controller import create_daemon_of_type
 from dagster._daemon.run_coordinator import QueuedRunCoordinatorDaemon
 
+from contracts.tags import BOOT_TAG, GPU_TAG, LAUNCHED_AT_TAG, LOADS_TAG, MEDIA_TAG, PID_TAG, WORKER_TAG
 from orchestration.instance_yaml import write_dagster_yaml
-from orchestration.launcher import (
-    BOOT_TAG,
-    GPU_TAG,
-    LAUNCHED_AT_TAG,
-    LOADS_TAG,
-    MEDIA_TAG,
-    PID_TAG,
-    WORKER_TAG,
-    DeviceRunLauncher,
-    read_workers,
-)
+from orchestration.launcher import DeviceRunLauncher, read_workers
 from orchestration.registry import WorkerRecord, WorkerRegistry
 from settings.server import ServerConfig
 from shotloom import stages
@@ -160,7 +151,7 @@ def test_a_worker_that_ended_a_run_tells_the_api_whose_follower_reads_the_runs_a
     import uvicorn
     from fastapi import FastAPI
 
-    from api.follower import Follower
+    from api.background import Background
     from api.store import Store
     from api.worker_calls import worker_calls_router
     from orchestration.launcher import WORKER_TOKEN_ENV
@@ -170,9 +161,9 @@ def test_a_worker_that_ended_a_run_tells_the_api_whose_follower_reads_the_runs_a
     from api_stack import wait_for
 
     store = Store(f"sqlite:///{tmp_path / 'service.sqlite'}")
-    follower = Follower(store, None, ApiConfig(), None)  # not started: only its wake is looked at
+    follower = Background(store, None, ApiConfig(), None)  # not started: only its wake is looked at
     app = FastAPI()
-    app.include_router(worker_calls_router(SimpleNamespace(follower=follower)))
+    app.include_router(worker_calls_router(SimpleNamespace(background=follower)))
     assert "/internal/run-ended" not in app.openapi()["paths"]
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))

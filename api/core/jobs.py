@@ -3,7 +3,7 @@
 Order matters for the promises both dialects make: the idempotency key is checked before any
 input is fetched (a replay costs nothing); every input is decoded and stored before the job is
 accepted (invalid media is refused and nothing is queued); the job row is committed before the
-answer is sent, and the Dagster run is submitted afterwards by :class:`api.follower.Follower`,
+answer is sent, and the Dagster run is submitted afterwards by :class:`api.background.Background`,
 which also reconciles accepted-but-unsubmitted jobs at start. No torch, no HTTP types.
 """
 
@@ -38,6 +38,7 @@ from api.store import (
     UnknownVersion,
     payload_hash,
 )
+from contracts.tags import KIND_TAG, USER_TAG
 from orchestration.queue_control import QueueControl
 from settings.api import ApiConfig
 from shotloom import stages
@@ -47,7 +48,6 @@ from shotloom.media_store import LocalMediaStore
 from shotloom.request import GenerationRequest, Guide, MemorySlot
 
 # Every submitted run carries it: reconcile finds runs by it (defined beside the other run tags).
-VERSION_TAG = stages.VERSION_TAG
 VIDEO_KIND = "video"  # artifacts are indexed by media kind; role says shot or film
 DURATION_SAMPLES = 50  # finished jobs whose durations give Retry-After and ETAs
 RETRY_AFTER_UNKNOWN_S = 60  # before the first job has finished
@@ -682,7 +682,7 @@ class JobService:
         out = []
         wanted = match or {}
         for job in self.store.latest_shots(works, shots):
-            tags = {"shotloom/kind": run_kind(job), "user": job.submitter or "api"}
+            tags = {KIND_TAG: run_kind(job), USER_TAG: job.submitter or "api"}
             if any(tags.get(k) != v for k, v in wanted.items()):
                 continue
             request = copy.deepcopy(job.request)

@@ -12,7 +12,6 @@ from typing import Any
 
 from api.store import JobRecord
 
-STEP_TAG = "shotloom/step"  # 0 (absent) for a job's first run, n for its n-th follow-up
 R2V_JOB = "r2v"
 STILLS_JOB = "shot_stills"
 MERGE_JOB = "merge"

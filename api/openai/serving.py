@@ -261,7 +261,7 @@ class VideoServing:
 
     def model_card(self) -> ModelCard:
         inf = self.ctx.inference
-        published = self.ctx.follower.capabilities()
+        published = self.ctx.background.capabilities()
         created = inf.paths.checkpoint.stat().st_mtime if inf.paths.checkpoint.exists() else 0
         caps = self.jobs.capabilities()
         sampling = self.jobs.sampling(None, caps)
@@ -352,7 +352,7 @@ class VideoServing:
     ) -> ShotSpec:
         """The shot a request asks for, checked against the served model (nothing queued yet)."""
         with openai_errors():
-            if not self.ctx.follower.started:
+            if not self.ctx.background.started:
                 raise Unavailable("the service is starting")
             missing = missing_encoders()
             if missing:

@@ -48,7 +48,7 @@ def r2v_router(ctx: ApiContext, polls: PollRoutes) -> APIRouter:
         return Response(body, status_code=202 if created else 200, media_type="application/json")
 
     def ready_or_503() -> None:
-        if not ctx.follower.started:
+        if not ctx.background.started:
             raise ApiError(503, "the service is starting")
 
     @router.post(

@@ -1,0 +1,37 @@
+"""What each registered worker says of itself (its ``GET /status``), refreshed in the background:
+``/health``, the job views (a running job's worker) and the models' capabilities read it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestration.launcher import WorkerError, call_worker
+from orchestration.registry import WorkerRegistry
+
+STATUS_TIMEOUT_S = 2.0  # a worker busy denoising still answers /status from its own thread
+
+
+class WorkerStatuses:
+    def __init__(self, registry: WorkerRegistry | None):
+        self.registry = registry  # the workers, as they registered in Dagster's storage
+        self.snapshots: dict[str, dict[str, Any]] = {}  # worker name -> its latest /status
+
+    def refresh(self) -> None:
+        snaps = {}
+        for rec in self.registry.records():
+            known = {"name": rec.name, "pool": rec.pool, "device": rec.device, "host": rec.host}
+            if rec.heartbeat <= 0:  # withdrawn: it stopped cleanly
+                snaps[rec.name] = {**known, "state": "stopped"}
+                continue
+            try:
+                snaps[rec.name] = {**known, **call_worker(rec.url, "/status", timeout=STATUS_TIMEOUT_S)}
+            except WorkerError:
+                snaps[rec.name] = {**known, "state": "unreachable"}
+        self.snapshots = snaps
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self.snapshots.get(name, {})
+
+    def capabilities(self) -> dict[str, Any] | None:
+        """What the loaded model can do, as the first worker that loaded it publishes it."""
+        return next((w["capabilities"] for w in self.snapshots.values() if w.get("capabilities")), None)
