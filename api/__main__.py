@@ -18,8 +18,8 @@ from api.auth import load_keys
 from api.background import Background
 from api.context import ApiContext
 from api.core.jobs import JobService
-from api.dagster_client import DagsterGateway
-from api.references import MediaWorkerReferences
+from api.core.references import MediaWorkerReferences
+from api.dagster import DagsterGateway
 from api.store import Store
 from orchestration.registry import WorkerRegistry
 from settings.server import ServerConfig

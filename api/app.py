@@ -15,10 +15,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from api.admin.health import health_router
+from api.admin.internal import worker_calls_router
+from api.admin.media import media_router
+from api.admin.queue import operator_router
 from api.context import ApiContext
 from api.deps import submitter_dependency
-from api.health import health_router
-from api.media_routes import media_router
 from api.openai.errors import (
     OpenAIError,
     http_error,
@@ -29,12 +31,10 @@ from api.openai.errors import (
 from api.openai.router import openai_router, openai_submitter
 from api.openai.serving import VideoServing
 from api.openapi import install as install_openapi
-from api.operator import operator_router
 from api.polls import PollFastPath, PollRoutes
 from api.r2v.protocol import validation_error_body
 from api.r2v.router import r2v_router
 from api.r2v.serving import ApiError
-from api.worker_calls import worker_calls_router
 
 
 def create_app(ctx: ApiContext) -> FastAPI:

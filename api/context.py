@@ -10,7 +10,7 @@ from api.auth import KeyRing
 from api.background import Background
 from api.core.jobs import JobService
 from api.core.retention import Retention
-from api.dagster_client import DagsterGateway
+from api.dagster import DagsterGateway
 from api.store import Store
 from settings.api import ApiConfig
 from shotloom.config import InferenceConfig

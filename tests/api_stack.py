@@ -55,7 +55,7 @@ class ApiStack:
         """Dagster's GraphQL, as an operator's tool reads it."""
         import yaml
 
-        from api.dagster_client import DagsterGateway
+        from api.dagster import DagsterGateway
 
         web = yaml.safe_load(self.config.read_text())["webserver"]
         return DagsterGateway(web["host"], web["port"])

@@ -314,7 +314,7 @@ def test_a_character_is_a_memory_slot_of_an_r2v_shot(api):
 def test_runs_show_few_tags_and_report_stages_as_events(api):
     """What an operator filters by is a tag (at most 8 listed); stage times, progress, plans and
     pids are run events and hidden tags: not listed, yet the API still reads every stage."""
-    from api.dagster_client import DagsterGateway
+    from api.dagster import DagsterGateway
     from shotloom import stages
 
     done = api.get(f"/version/{api.find_version('s1')}").json()
@@ -338,7 +338,7 @@ def test_runs_show_few_tags_and_report_stages_as_events(api):
 
 
 def test_operators_pause_reorder_and_cancel_the_queue(api):
-    from api.dagster_client import DagsterGateway
+    from api.dagster import DagsterGateway
 
     web = yaml.safe_load(api.config.read_text())["webserver"]
     gateway = DagsterGateway(web["host"], web["port"])
@@ -474,7 +474,7 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
     # Lineage, walked through Dagster's GraphQL as an operator's tool would: the film's
     # materialization names its shots' versions; each version's run recorded its shot with the
     # inputs it was conditioned on (content hashes, and the earlier version a memory slot came from).
-    from api.dagster_client import DagsterGateway
+    from api.dagster import DagsterGateway
     from contracts.tags import VERSION_TAG
 
     web = yaml.safe_load(api.config.read_text())["webserver"]
@@ -557,7 +557,7 @@ def test_an_operator_sees_lineage_runs_stages_and_partitions_in_the_ui(api, tmp_
 
 # Last: it makes new versions of s1 (the tests above read s1 as first made).
 def test_a_manual_rerender_makes_new_versions_below_interactive_work(api):
-    from api.dagster_client import DagsterGateway
+    from api.dagster import DagsterGateway
 
     before = api.find_version("s1")
     unseeded = {k: v for k, v in shot("s9").items() if k != "seed"}  # the worker draws its seed
@@ -605,7 +605,7 @@ def test_a_manual_rerender_makes_new_versions_below_interactive_work(api):
 def test_the_rerender_job_from_the_launchpad_goes_through_the_api(api):
     """What an operator launches from the Launchpad (and what a schedule tick runs): the small
     rerender job, on the stock launcher (no device), asking the API for new versions."""
-    from api.dagster_client import DagsterGateway
+    from api.dagster import DagsterGateway
 
     before = api.find_version("s2")
     web = yaml.safe_load(api.config.read_text())["webserver"]

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import api.inputs as api_inputs
-from api.inputs import MEDIA_SIZE, InputError, copy_into_assets, resolve_resource
+import api.core.inputs as api_inputs
+from api.core.inputs import MEDIA_SIZE, InputError, copy_into_assets, resolve_resource
 from api.store import Store
 from settings.api import ApiConfig, InputPolicy
 from shotloom.media import write_mp4

@@ -7,7 +7,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from api.media_routes import NOT_FOUND_BODY, media_router, resolve_media_path
+from api.admin.media import NOT_FOUND_BODY, media_router, resolve_media_path
 from shotloom.media import write_mp4
 
 REL = "r2v/demo/shot-002/8d1d/output.mp4"

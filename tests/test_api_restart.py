@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from api.core.jobs import JobService
-from api.dagster_client import DagsterGateway
+from api.dagster import DagsterGateway
 from api.r2v.protocol import R2VRequest
 from api.store import Store
 from contracts.tags import VERSION_TAG

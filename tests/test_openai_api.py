@@ -328,7 +328,7 @@ def test_unknown_video_and_unfinished_content(client, stack):
 
 
 def test_delete_queued_running_and_finished(client, stack):
-    from api.dagster_client import DagsterGateway
+    from api.dagster import DagsterGateway
 
     web = yaml.safe_load(stack.config.read_text())["webserver"]
     dagster = DagsterGateway(web["host"], web["port"])
@@ -455,7 +455,7 @@ def test_operator_defaults_sit_between_the_client_and_the_preset(stack):
 
 
 def test_a_failed_job_answers_500_with_its_error(client, stack):
-    from api.dagster_client import DagsterGateway
+    from api.dagster import DagsterGateway
 
     # A long clip, so the run is still going when the operator stops it.
     video = client.videos.create(prompt="stopped by the operator", size="64x64", seconds="15")
@@ -947,7 +947,7 @@ def test_api_keys_guard_every_route_but_health(stack):
 
 
 def test_runs_record_the_submitting_key_by_name(stack):
-    from api.dagster_client import DagsterGateway
+    from api.dagster import DagsterGateway
 
     video = stack.client.post(
         stack.base + "/v1/videos",

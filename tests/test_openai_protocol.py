@@ -352,7 +352,7 @@ def _bare_app(tmp_path):
     from api.app import create_app
     from api.background import Background
     from api.context import ApiContext
-    from api.dagster_client import DagsterGateway
+    from api.dagster import DagsterGateway
     from shotloom.config import REPO_ROOT, load_inference_config
 
     api = ApiConfig()
@@ -682,7 +682,7 @@ def test_get_video_carries_the_poll_header_and_an_eta_from_earlier_jobs(tmp_path
 
 
 def test_health_is_starting_then_ok_then_degraded_when_a_worker_is_gone(tmp_path, monkeypatch):
-    from api.health import health_status
+    from api.admin.health import health_status
 
     ready = {"api": True, "webserver": True, "daemon": True, "workers": True, "media_workers": True}
     idle = [{"state": "idle"}]

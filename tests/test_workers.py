@@ -151,9 +151,9 @@ def test_a_worker_that_ended_a_run_tells_the_api_whose_follower_reads_the_runs_a
     import uvicorn
     from fastapi import FastAPI
 
+    from api.admin.internal import worker_calls_router
     from api.background import Background
     from api.store import Store
-    from api.worker_calls import worker_calls_router
     from orchestration.launcher import WORKER_TOKEN_ENV
     from orchestration.worker import Worker
     from settings.api import ApiConfig

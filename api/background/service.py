@@ -13,7 +13,7 @@ from api.background.callbacks import Callbacks
 from api.background.submitter import Submitter
 from api.background.tracker import Tracker
 from api.background.workers import WorkerStatuses
-from api.dagster_client import DagsterGateway, DagsterUnavailable
+from api.dagster import DagsterGateway, DagsterUnavailable
 from api.store import Store
 from orchestration.registry import WorkerRegistry
 from settings.api import ApiConfig

@@ -14,7 +14,7 @@ import time
 
 from api.background.callbacks import Callbacks
 from api.core.jobs import run_kind
-from api.dagster_client import DagsterGateway, DagsterGatewayError, DagsterUnavailable, RunInfo, RunSubmission
+from api.dagster import DagsterGateway, DagsterGatewayError, DagsterUnavailable, RunInfo, RunSubmission
 from api.store import JobRecord, Store
 from contracts import tags
 from shotloom import stages

@@ -16,7 +16,7 @@ from api.background.submitter import Submitter
 from api.background.workers import WorkerStatuses
 from api.core.jobs import VIDEO_KIND
 from api.core.steps import follow_up_run, follow_ups
-from api.dagster_client import DagsterGateway, RunInfo
+from api.dagster import DagsterGateway, RunInfo
 from api.store import ArtifactRecord, JobRecord, Store
 from contracts import events, tags
 from settings.api import ApiConfig

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from api.core.errors import Conflict, InvalidField, NotFound, QueueFull, Unavailable
+from api.core.inputs import MEDIA_SIZE, InputAsset, InputError, Role, copy_into_assets, resolve_resource
+from api.core.references import InProcessReferences, ReferenceTaker, kept_reference
 from api.core.sampling import SamplerFor, SamplingRule, dit_calls
 from api.core.specs import GuideRef, InputRef, MemoryRef, MergeSpec, ShotSpec, SourceRef
 from api.core.steps import MERGE_JOB, R2V_JOB, stills_step, stitch_step
 from api.core.timing import stage_durations, stage_medians
-from api.inputs import MEDIA_SIZE, InputAsset, InputError, Role, copy_into_assets, resolve_resource
-from api.references import InProcessReferences, ReferenceTaker, kept_reference
 from api.store import (
     FINISHED,
     CharacterRecord,

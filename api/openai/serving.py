@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from api.admin.health import missing_encoders
 from api.context import ApiContext
 from api.core.errors import EncoderMissing, InvalidField, NotFound, ServiceError, Unavailable
 from api.core.jobs import op_config
@@ -24,7 +25,6 @@ from api.core.specs import InputRef, ShotSpec, SourceRef
 from api.core.steps import extension_before_frames
 from api.core.timing import eta_s, stage_durations, working_seconds
 from api.core.views import JobViews
-from api.health import missing_encoders
 from api.openai.errors import OpenAIError, validation_error
 from api.openai.protocol import (
     CharacterCreateRequest,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from api.core.errors import Unavailable
-from api.dagster_client import DagsterGateway, DagsterGatewayError
+from api.dagster import DagsterGateway, DagsterGatewayError
 from contracts.tags import KIND_TAG, PRIORITY_TAG, USER_TAG
 from shotloom.media_store import LocalMediaStore
 

@@ -23,182 +23,39 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
-from contracts.tags import (
-    AUTO_RETRY_RUN_ID_TAG,
-    FAILURE_REASON_TAG,
-    PARENT_RUN_ID_TAG,
-    RETRY_NUMBER_TAG,
-    ROOT_RUN_ID_TAG,
-    WILL_RETRY_TAG,
+from api.dagster.queries import (
+    DAEMON_QUERY,
+    FAILURE_EVENTS,
+    LAUNCH_RESULT,
+    MATERIALIZATIONS_QUERY,
+    RUN_EVENTS_QUERY,
+    RUNS_QUERY,
+    STATUS_QUERY,
+    TERMINATE_MUTATION,
 )
-
-RUN_STATUSES = (
-    "QUEUED",
-    "NOT_STARTED",
-    "MANAGED",
-    "STARTING",
-    "STARTED",
-    "SUSPENDED",
-    "SUCCESS",
-    "FAILURE",
-    "CANCELING",
-    "CANCELED",
+from api.dagster.types import (
+    RUN_STATUSES,
+    CodeLocation,
+    DaemonStatus,
+    DagsterGatewayError,
+    DagsterUnavailable,
+    EngineEvent,
+    Materialization,
+    RunFailure,
+    RunInfo,
+    RunSubmission,
+    StepFailure,
 )
-FINISHED_STATUSES = frozenset({"SUCCESS", "FAILURE", "CANCELED"})
+from contracts.tags import PARENT_RUN_ID_TAG, ROOT_RUN_ID_TAG
 
 _PAGE = 500  # runs per page for tag queries
 _EVENT_PAGE = 1000  # events per page when reading a failed run's log
 _FAILURE_CACHE_SIZE = 2048
-
-
-# --------------------------------------------------------------------------------------------------
-# Results
-
-
-@dataclass(frozen=True)
-class CodeLocation:
-    location_name: str
-    repository_name: str
-    jobs: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class DaemonStatus:
-    daemon_type: str
-    required: bool
-    healthy: bool | None  # None: the webserver does not know (e.g. not required)
-
-
-@dataclass(frozen=True)
-class StepFailure:
-    step_key: str | None
-    message: str  # the step's error, e.g. "dagster._core.definitions.events.Failure: <description>"
-    class_name: str | None  # e.g. "Failure", "DagsterExecutionStepExecutionError"
-    description: str | None  # ``Failure(description=...)`` when the op raised a dagster Failure
-    error_source: str | None  # USER_CODE_ERROR, FRAMEWORK_ERROR, INTERRUPT, UNEXPECTED_ERROR
-    # The op's own error under Dagster's wrappers, "<Class>: <message>" (see :func:`own_error`).
-    cause: str | None = None
-
-
-# A failed run's details: its RUN_FAILURE message, that event's own error, its step failures.
-_Failure = tuple[str | None, str | None, tuple[StepFailure, ...]]
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    run_id: str
-    job_name: str
-    status: str  # a DagsterRunStatus value: QUEUED, STARTING, STARTED, SUCCESS, FAILURE, CANCELED, ...
-    tags: dict[str, str]
-    creation_time: float  # epoch seconds
-    start_time: float | None
-    end_time: float | None
-    update_time: float | None
-    root_run_id: str | None  # None for an original run
-    parent_run_id: str | None
-    failure_message: str | None = None  # the RUN_FAILURE event's message (FAILURE runs only)
-    step_failures: tuple[StepFailure, ...] = field(default_factory=tuple)
-    failure_error: str | None = None  # the RUN_FAILURE event's own error (an exception outside steps)
-
-    @property
-    def finished(self) -> bool:
-        return self.status in FINISHED_STATUSES
-
-    @property
-    def create_time(self) -> float:
-        """Alias of ``creation_time`` (the background tracker reads this name)."""
-        return self.creation_time
-
-    @property
-    def retry_number(self) -> int:
-        try:
-            return int(self.tags.get(RETRY_NUMBER_TAG, "0"))
-        except ValueError:
-            return 0
-
-    @property
-    def will_retry(self) -> bool:
-        """Dagster's retry daemon decided to re-execute this failed run (a new run id will appear)."""
-        return self.tags.get(WILL_RETRY_TAG) == "true"
-
-    @property
-    def auto_retry_run_id(self) -> str | None:
-        """The run the retry daemon created from this one, once it has."""
-        return self.tags.get(AUTO_RETRY_RUN_ID_TAG)
-
-    @property
-    def failure_reason(self) -> str | None:
-        """Dagster's classification tag, e.g. STEP_FAILURE, RUN_EXCEPTION, START_TIMEOUT, RUN_WORKER_CRASH."""
-        return self.tags.get(FAILURE_REASON_TAG)
-
-    def error_summary(self) -> str | None:
-        """What a client is told of a failed run: the first failing step's ``Failure`` description
-        or the op's own error (never Dagster's wrapper around it), prefixed with the step; else
-        the run's own error, else its failure message."""
-        for failure in self.step_failures:
-            text = failure.description or failure.cause or failure.message
-            if text:
-                prefix = f"{failure.step_key}: " if failure.step_key else ""
-                return prefix + text.strip()
-        return self.failure_error or self.failure_message
-
-
-@dataclass(frozen=True)
-class EngineEvent:
-    message: str
-    metadata: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Materialization:
-    asset_key: tuple[str, ...]
-    partition: str | None  # multi-partition keys read "a|b" (dimensions in name order)
-    metadata: dict[str, Any]  # label -> python value (str, int, float, bool, parsed JSON, None)
-    step_key: str | None
-    timestamp: float  # epoch seconds
-    description: str | None
-    tags: dict[str, str]
-
-
-# --------------------------------------------------------------------------------------------------
-# Errors
-
-
-@dataclass(frozen=True)
-class RunSubmission:
-    """One run to submit: a job of the code location, its run config and tags."""
-
-    job_name: str
-    run_config: Mapping[str, Any]
-    tags: Mapping[str, str]
-
-
-LAUNCH_RESULT = """
-fragment LaunchResult on LaunchRunResult {
-  __typename
-  ... on LaunchRunSuccess { run { runId } }
-  ... on RunConfigValidationInvalid { errors { message } }
-  ... on Error { message }
-}
-"""
-
-
-class DagsterGatewayError(RuntimeError):
-    """A definite failure. ``kind`` is the GraphQL error type (e.g. ``RunConfigValidationInvalid``,
-    ``PipelineNotFoundError``, ``PythonError``) when there is one."""
-
-    def __init__(self, message: str, kind: str | None = None):
-        super().__init__(message)
-        self.kind = kind
-
-
-class DagsterUnavailable(DagsterGatewayError):
-    """The webserver cannot answer now (down, timed out, 5xx, code location not loaded): retry later."""
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -241,165 +98,6 @@ def _check_typename(obj: Mapping[str, Any], expected: str, what: str) -> None:
     if typename != expected:
         message = obj.get("message") or typename
         raise DagsterGatewayError(f"{what}: {typename}: {message}", kind=typename)
-
-
-# --------------------------------------------------------------------------------------------------
-# Queries
-
-_METADATA_FRAGMENT = """
-fragment Meta on MetadataEntry {
-  __typename
-  label
-  ... on TextMetadataEntry { text }
-  ... on IntMetadataEntry { intValue intRepr }
-  ... on FloatMetadataEntry { floatValue floatRepr }
-  ... on BoolMetadataEntry { boolValue }
-  ... on JsonMetadataEntry { jsonString }
-  ... on PathMetadataEntry { path }
-  ... on NotebookMetadataEntry { path }
-  ... on UrlMetadataEntry { url }
-  ... on MarkdownMetadataEntry { mdStr }
-  ... on TimestampMetadataEntry { timestamp }
-  ... on PipelineRunMetadataEntry { runId }
-  ... on AssetMetadataEntry { assetKey { path } }
-  ... on JobMetadataEntry { jobName }
-  ... on PoolMetadataEntry { pool }
-}
-"""
-
-_RUN_FIELDS = """
-fragment RunFields on Run {
-  runId
-  jobName
-  status
-  tags { key value }
-  creationTime
-  startTime
-  endTime
-  updateTime
-  rootRunId
-  parentRunId
-}
-"""
-
-STATUS_QUERY = """
-query GatewayStatus {
-  version
-  workspaceOrError {
-    __typename
-    ... on Workspace {
-      locationEntries {
-        name
-        loadStatus
-        locationOrLoadError {
-          __typename
-          ... on RepositoryLocation { name repositories { name pipelines { name } } }
-          ... on PythonError { message }
-        }
-      }
-    }
-    ... on PythonError { message }
-  }
-}
-"""
-
-DAEMON_QUERY = """
-query GatewayDaemons {
-  instance { daemonHealth { allDaemonStatuses { daemonType required healthy } } }
-}
-"""
-
-RUNS_QUERY = (
-    """
-query GatewayRuns($filter: RunsFilter, $cursor: String, $limit: Int) {
-  runsOrError(filter: $filter, cursor: $cursor, limit: $limit) {
-    __typename
-    ... on Runs { results { ...RunFields } }
-    ... on InvalidPipelineRunsFilterError { message }
-    ... on PythonError { message }
-  }
-}
-"""
-    + _RUN_FIELDS
-)
-
-_FAILURE_EVENTS = """
-fragment FailureEvents on EventConnection {
-  cursor
-  hasMore
-  events {
-    __typename
-    ... on RunFailureEvent { message error { ...ErrorChain } }
-    ... on ExecutionStepFailureEvent {
-      stepKey
-      errorSource
-      error { ...ErrorChain }
-      failureMetadata { description }
-    }
-  }
-}
-
-fragment ErrorChain on PythonError {
-  message
-  className
-  causes { message className }
-}
-"""
-
-MATERIALIZATIONS_QUERY = (
-    """
-query GatewayMaterializations($runId: ID!) {
-  runOrError(runId: $runId) {
-    __typename
-    ... on Run {
-      assetMaterializations {
-        stepKey
-        timestamp
-        partition
-        description
-        assetKey { path }
-        tags { key value }
-        metadataEntries { ...Meta }
-      }
-    }
-    ... on RunNotFoundError { message }
-    ... on PythonError { message }
-  }
-}
-"""
-    + _METADATA_FRAGMENT
-)
-
-RUN_EVENTS_QUERY = (
-    """
-query GatewayRunEvents($runId: ID!, $cursor: String, $limit: Int) {
-  logsForRun(runId: $runId, afterCursor: $cursor, limit: $limit) {
-    __typename
-    ... on EventConnection {
-      cursor
-      hasMore
-      events { __typename ... on EngineEvent { message timestamp metadataEntries { ...Meta } } }
-    }
-    ... on RunNotFoundError { message }
-    ... on PythonError { message }
-  }
-}
-"""
-    + _METADATA_FRAGMENT
-)
-
-TERMINATE_MUTATION = """
-mutation GatewayTerminate($runId: String!, $policy: TerminateRunPolicy) {
-  terminateRun(runId: $runId, terminatePolicy: $policy) {
-    __typename
-    ... on TerminateRunSuccess { run { runId status } }
-    ... on TerminateRunFailure { message }
-    ... on RunNotFoundError { message }
-    ... on UnauthorizedError { message }
-    ... on PythonError { message }
-  }
-}
-"""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -501,7 +199,7 @@ class DagsterGateway:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._location: CodeLocation | None = None
-        self._failures: OrderedDict[str, _Failure] = OrderedDict()
+        self._failures: OrderedDict[str, RunFailure] = OrderedDict()
 
     # -- plumbing ----------------------------------------------------------------------------------
 
@@ -711,11 +409,11 @@ class DagsterGateway:
                 )
         return found
 
-    def _failure_details(self, run_ids: list[str]) -> dict[str, _Failure]:
+    def _failure_details(self, run_ids: list[str]) -> dict[str, RunFailure]:
         """RUN_FAILURE message (and own error) and step failures of FAILURE runs. GraphQL cannot
         filter a run's events by type, so the log is read in pages (other events come back as bare
         ``__typename``); a failed run's log no longer changes, so the answer is cached."""
-        out: dict[str, _Failure] = {}
+        out: dict[str, RunFailure] = {}
         todo: list[str] = []
         with self._lock:
             for rid in run_ids:
@@ -743,7 +441,7 @@ class DagsterGateway:
                 variables[f"r{i}"] = rid
                 variables[f"c{i}"] = cursors[rid]
             data = self.execute(
-                f"query GatewayFailures({var_defs}) {{\n{body}\n}}\n{_FAILURE_EVENTS}",
+                f"query GatewayFailures({var_defs}) {{\n{body}\n}}\n{FAILURE_EVENTS}",
                 variables,
                 what="run failures",
             )

@@ -1,4 +1,4 @@
-"""api.dagster_client against a real dagster-webserver (stock launcher, sqlite, a toy code location)."""
+"""api.dagster's gateway against a real dagster-webserver (stock launcher, sqlite, a toy code location)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from api import dagster_client
-from api.dagster_client import DagsterGateway, DagsterGatewayError, DagsterUnavailable, RunInfo, own_error
+from api.dagster import DagsterGateway, DagsterGatewayError, DagsterUnavailable, RunInfo, own_error
+from api.dagster import gateway as dagster_client
 
 pytestmark = pytest.mark.slow
 
@@ -389,7 +389,7 @@ def test_submit_errors_are_typed(gateway):
 
 
 def test_a_batch_of_submissions_enters_the_queue_in_order_each_with_its_own_answer(gateway):
-    from api.dagster_client import RunSubmission
+    from api.dagster import RunSubmission
 
     batch = [
         RunSubmission("ok_job", {}, {"shotloom/version": uuid.uuid4().hex, "n": str(n)}) for n in range(5)
