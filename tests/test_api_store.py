@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from api import store as store_module
 from api.store import IdempotencyConflict, NewJob, Store, UnknownVersion, backoff_delay, payload_hash
+from api.store import jobs as store_module
 from settings.api import ApiConfig
 
 import pg

@@ -1,0 +1,178 @@
+"""The store's engine: one SQLAlchemy engine per URL (SQLite pragmas and locking, or PostgreSQL),
+the schema brought to Alembic's head at start, the short read and write transactions every
+method runs in, and what committed writes changed (for readers that cache views)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event, inspect, text
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.store.tables import Artifact, Job
+
+_READ_OPTION = "shotloom_read_only"
+
+
+def _sqlite_engine(url: str, busy_timeout_s: float) -> Engine:
+    parsed = make_url(url)
+    database = parsed.database
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": busy_timeout_s})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let us issue BEGIN ourselves (pysqlite's implicit BEGIN is DEFERRED, which turns a
+        # read-then-write transaction into an immediate SQLITE_BUSY under concurrency).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        # Writers take the write lock up front; the busy timeout queues them. Reads stay deferred.
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ_OPTION) else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+# Any constant: serializes concurrent create_schema() calls on one PostgreSQL database.
+_SCHEMA_LOCK_KEY = 0x5_4071_00A1
+
+
+_TOUCHED, _QUEUE_CHANGED = "shotloom_touched_versions", "shotloom_queue_changed"
+_MAX_STAMPS = 100_000
+
+
+def _note_changes(session: Session, _flush_context: Any) -> None:
+    """after_flush: which job versions this write touched, and whether a queue's membership
+    changed (its positions). The session's new/dirty/deleted sets and attribute history still
+    show the flushed changes here."""
+    touched: set[str] = session.info.setdefault(_TOUCHED, set())
+    for obj in (*session.new, *session.dirty, *session.deleted):
+        if isinstance(obj, Job):
+            touched.add(obj.version_id)
+            if obj in session.new or obj in session.deleted:
+                session.info[_QUEUE_CHANGED] = True
+            else:
+                history = inspect(obj).attrs.status.history
+                if "queued" in (*history.added, *history.deleted):
+                    session.info[_QUEUE_CHANGED] = True
+                if inspect(obj).attrs.priority.history.has_changes():  # the queue's order moved
+                    session.info[_QUEUE_CHANGED] = True
+        elif isinstance(obj, Artifact):
+            touched.add(obj.version_id)
+
+
+def _search_path_schema(url: str) -> str | None:
+    """The first schema a PostgreSQL URL puts on its search_path (``options=-c search_path=x``)."""
+    import re
+
+    options = make_url(url).query.get("options")
+    options = options if isinstance(options, str) else ""
+    found = re.search(r"search_path\s*=\s*([A-Za-z_][A-Za-z0-9_]*)", options)
+    return found.group(1) if found else None
+
+
+class StoreEngine:
+    """The engine and sessions every part of :class:`api.store.Store` runs its transactions on."""
+
+    def __init__(self, url: str, *, busy_timeout_s: float = 30.0, create: bool = True):
+        self.url = url
+        # What committed writes changed, for readers that cache (api.core.views.JobViews): a stamp
+        # per job version and a generation of queue membership. The API process is the store's
+        # only writer, so a view read under unchanged stamps is still current.
+        self.queue_generation = 0
+        self._stamps: dict[str, int] = {}
+        self._writes = 0
+        self._stamp_floor = 0  # the stamp of versions not in _stamps (bounded: cleared when large)
+        self._stamp_lock = threading.Lock()
+        if make_url(url).get_backend_name() == "sqlite":
+            self.engine = _sqlite_engine(url, busy_timeout_s)
+        else:
+            self.engine = create_engine(url, pool_pre_ping=True)
+        self._read_engine = self.engine.execution_options(**{_READ_OPTION: True})
+        self._write_sessions = sessionmaker(self.engine, expire_on_commit=False)
+        event.listen(self._write_sessions, "after_flush", _note_changes)
+        if create:
+            self.create_schema()
+
+    def create_schema(self) -> None:
+        """Bring the schema to the newest Alembic revision (api/migrations): a new database runs them
+        all, one from the release before migrations (tables, no alembic_version) is stamped at the
+        baseline and upgraded in place. Already current (the usual start): one read, nothing else."""
+        from api import migrations
+
+        if self.engine.dialect.name == "postgresql":
+            schema = _search_path_schema(self.url)
+            if schema:  # a schema of its own beside another application's tables (Dagster's)
+                with self.engine.begin() as conn:
+                    conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
+            with self.engine.connect() as conn:
+                if migrations.is_current(conn):
+                    return
+            # Migration checks race between processes starting at once; DDL is transactional here,
+            # so take a transaction-scoped advisory lock and upgrade (re-checked) under it, atomically.
+            with self.engine.begin() as conn:
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
+                migrations.upgrade(conn)
+            return
+        database = self.engine.url.database
+        if database and database != ":memory:" and not database.startswith("file:"):
+            # The first connection switches the file to WAL and creates the tables: processes
+            # starting together on a new file get "database is locked" there, busy timeout or not.
+            from filelock import FileLock
+
+            with FileLock(database + ".lock"):
+                self._upgrade_sqlite(migrations)
+            return
+        self._upgrade_sqlite(migrations)
+
+    def _upgrade_sqlite(self, migrations: Any) -> None:
+        with self._read_engine.connect() as conn:  # deferred BEGIN: no write lock just to look
+            if migrations.is_current(conn):
+                return
+        with self.engine.begin() as conn:  # BEGIN IMMEDIATE: every revision in one transaction
+            migrations.upgrade(conn)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        session = self._write_sessions()
+        try:
+            with session, session.begin():
+                yield session
+        finally:
+            self._publish(session.info)  # after the commit (or rollback): cached views are stale now
+
+    def _publish(self, changes: dict[str, Any]) -> None:
+        with self._stamp_lock:
+            self._writes += 1
+            if len(self._stamps) >= _MAX_STAMPS:
+                self._stamps.clear()
+                self._stamp_floor = self._writes - 1  # nothing unstamped changed after it
+            for version_id in changes.get(_TOUCHED, ()):
+                self._stamps[version_id] = self._writes
+            if changes.get(_QUEUE_CHANGED):
+                self.queue_generation += 1
+
+    def version_stamp(self, version_id: str) -> int:
+        """Changes when a write touches the version's job row or artifacts (read it before them)."""
+        return self._stamps.get(version_id, self._stamp_floor)
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with Session(self._read_engine, expire_on_commit=False) as session, session.begin():
+            yield session

@@ -1,0 +1,140 @@
+"""The callback outbox: one durable delivery per job, retried with backoff until delivered or
+given up (what is pending survives a restart)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from api.store.engine import StoreEngine
+from api.store.tables import CallbackOutbox
+
+DeliveryStatus = Literal["pending", "delivered", "gave_up"]
+
+
+def backoff_delay(attempts: int, base_seconds: float, cap_seconds: float = 300.0) -> float:
+    """Exponential backoff after ``attempts`` failed deliveries: base, 2*base, 4*base, ... capped."""
+    return min(cap_seconds, base_seconds * (2 ** max(0, attempts - 1)))
+
+
+@dataclass(frozen=True)
+class CallbackDelivery:
+    delivery_id: str
+    version_id: str
+    url: str
+    payload: dict[str, Any]
+    attempts: int
+    next_attempt_at: float | None
+    status: str
+    last_error: str | None
+    created_at: float
+    delivered_at: float | None
+
+
+def _delivery_record(row: CallbackOutbox) -> CallbackDelivery:
+    return CallbackDelivery(
+        delivery_id=row.delivery_id,
+        version_id=row.version_id,
+        url=row.url,
+        payload=row.payload,
+        attempts=row.attempts,
+        next_attempt_at=row.next_attempt_at,
+        status=row.status,
+        last_error=row.last_error,
+        created_at=row.created_at,
+        delivered_at=row.delivered_at,
+    )
+
+
+class OutboxStore(StoreEngine):
+    def enqueue_callback(
+        self, version_id: str, url: str, payload: dict[str, Any], *, now: float | None = None
+    ) -> str:
+        """Schedule the job's callback (due at once). One delivery per job: a second call returns the
+        first delivery's id and changes nothing."""
+        now = time.time() if now is None else now
+        try:
+            with self._write() as s:
+                existing = s.scalars(
+                    select(CallbackOutbox).where(CallbackOutbox.version_id == version_id)
+                ).first()
+                if existing is not None:
+                    return existing.delivery_id
+                row = CallbackOutbox(
+                    delivery_id=uuid.uuid4().hex,
+                    version_id=version_id,
+                    url=url,
+                    payload=payload,
+                    attempts=0,
+                    next_attempt_at=now,
+                    status="pending",
+                    created_at=now,
+                )
+                s.add(row)
+                s.flush()
+                return row.delivery_id
+        except IntegrityError:
+            with self._read() as s:
+                found = s.scalars(
+                    select(CallbackOutbox).where(CallbackOutbox.version_id == version_id)
+                ).first()
+                if found is None:
+                    raise
+                return found.delivery_id
+
+    def get_callback(self, delivery_id: str) -> CallbackDelivery | None:
+        with self._read() as s:
+            row = s.get(CallbackOutbox, delivery_id)
+            return _delivery_record(row) if row is not None else None
+
+    def callback_for(self, version_id: str) -> CallbackDelivery | None:
+        with self._read() as s:
+            row = s.scalars(select(CallbackOutbox).where(CallbackOutbox.version_id == version_id)).first()
+            return _delivery_record(row) if row is not None else None
+
+    def due_callbacks(self, now: float | None = None, limit: int = 100) -> list[CallbackDelivery]:
+        """Pending deliveries whose next attempt is due, earliest first (also what survives a restart)."""
+        now = time.time() if now is None else now
+        with self._read() as s:
+            rows = s.scalars(
+                select(CallbackOutbox)
+                .where(CallbackOutbox.status == "pending", CallbackOutbox.next_attempt_at <= now)
+                .order_by(CallbackOutbox.next_attempt_at, CallbackOutbox.created_at)
+                .limit(limit)
+            ).all()
+            return [_delivery_record(r) for r in rows]
+
+    def record_attempt(
+        self,
+        delivery_id: str,
+        ok: bool,
+        error: str | None = None,
+        next_attempt_at: float | None = None,
+        *,
+        now: float | None = None,
+    ) -> CallbackDelivery:
+        """Count one delivery attempt. ``ok`` -> delivered. Failed with ``next_attempt_at`` -> stays
+        pending until then; failed without it -> gave_up (the caller applies callback_max_attempts)."""
+        now = time.time() if now is None else now
+        with self._write() as s:
+            row = s.get(CallbackOutbox, delivery_id, with_for_update=True)
+            if row is None:
+                raise KeyError(delivery_id)
+            row.attempts += 1
+            if ok:
+                row.status, row.delivered_at, row.next_attempt_at, row.last_error = (
+                    "delivered",
+                    now,
+                    None,
+                    None,
+                )
+            elif next_attempt_at is not None:
+                row.status, row.next_attempt_at, row.last_error = "pending", next_attempt_at, error
+            else:
+                row.status, row.next_attempt_at, row.last_error = "gave_up", None, error
+            return _delivery_record(row)
