@@ -156,14 +156,6 @@ def fp8_skip_patterns(checkpoint: Path) -> dict[str, tuple[str, ...]]:
 
 
 # -- per request ----------------------------------------------------------------------------------
-def resolve_step_cache(perf: Performance, asked: str | None) -> str:
-    """The step cache a request runs with: what it asked (a name, or ``none``), else the model's
-    default, else ``none``."""
-    if asked is not None:
-        return asked
-    return perf.step_cache or NO_STEP_CACHE
-
-
 def diffusers_cache_config(cache: StepCache, steps: int) -> Any:
     """The diffusers config object for one request of ``steps`` steps (a fresh one each time:
     diffusers keeps state on it)."""

@@ -1,10 +1,15 @@
-"""What one generation asks for, independent of any HTTP or Dagster type."""
+"""What one generation asks for, independent of any HTTP or Dagster type, and :func:`resolve`:
+the one place a request's unset fields get their defaults (the API answers with it at intake, the
+worker runs with it)."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from shotloom.config import NO_STEP_CACHE, Defaults, Performance, Sampler
 
 GuideKind = Literal["video", "audio"]
 
@@ -91,3 +96,95 @@ class GenerationRequest:
     @property
     def duration_seconds(self) -> float:
         return self.num_frames / self.fps
+
+
+def resolve_step_cache(perf: Performance, asked: str | None) -> str:
+    """The step cache a request runs with: what it asked (a name, or ``none``), else the model's
+    default, else ``none``."""
+    if asked is not None:
+        return asked
+    return perf.step_cache or NO_STEP_CACHE
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a request is sampled, resolved: its step count (None: a sampler of an earlier release
+    with no default), guidance scale and step cache."""
+
+    num_inference_steps: int | None
+    guidance_scale: float
+    step_cache: str
+
+
+def resolve_sampling(
+    sampler: Sampler,
+    performance: Performance,
+    *,
+    num_inference_steps: int | None = None,
+    guidance_scale: float | None = None,
+    step_cache: str | None = None,
+) -> Sampling:
+    """The sampling part of :func:`resolve`: unset fields from the ``sampler`` that will run the
+    request and the model's default step cache."""
+    return Sampling(
+        num_inference_steps=num_inference_steps or sampler.steps,
+        guidance_scale=guidance_scale if guidance_scale is not None else sampler.guidance_scale,
+        step_cache=resolve_step_cache(performance, step_cache),
+    )
+
+
+def resolve(
+    defaults: Defaults,
+    sampler: Sampler,
+    performance: Performance,
+    prompt: str,
+    *,
+    width: int | None = None,
+    height: int | None = None,
+    num_frames: int | None = None,
+    fps: int | None = None,
+    seed: int | None = None,
+    guidance_scale: float | None = None,
+    num_inference_steps: int | None = None,
+    negative_prompt: str | None = None,
+    first_frame: Path | None = None,
+    last_frame: Path | None = None,
+    memory: list[MemorySlot] | tuple[MemorySlot, ...] = (),
+    source_video: Path | None = None,
+    strength: float | None = None,
+    lora: str | None = None,
+    lora_scale: float | None = None,
+    guides: list[Guide] | tuple[Guide, ...] = (),
+    step_cache: str | None = None,
+) -> GenerationRequest:
+    """Fill unset fields (None) from the inference YAML's ``defaults``, the ``sampler`` that will
+    run the request (its adapter's, or the model's) and the model's ``performance`` (its default
+    step cache); never rounds what was asked. An unset seed is drawn here."""
+    sampling = resolve_sampling(
+        sampler,
+        performance,
+        num_inference_steps=num_inference_steps,
+        guidance_scale=guidance_scale,
+        step_cache=step_cache,
+    )
+    return GenerationRequest(
+        prompt=prompt,
+        width=width or defaults.width,
+        height=height or defaults.height,
+        num_frames=num_frames or defaults.num_frames,
+        fps=fps or defaults.fps,
+        seed=seed if seed is not None else random.randrange(2**32),
+        guidance_scale=sampling.guidance_scale,
+        num_inference_steps=sampling.num_inference_steps,
+        negative_prompt=negative_prompt if negative_prompt is not None else defaults.negative_prompt,
+        first_frame=first_frame,
+        last_frame=last_frame,
+        memory=tuple(memory),
+        source_video=source_video,
+        # Video-to-video only: without a source, strength means nothing and stays as asked.
+        strength=(strength if strength is not None else defaults.strength) if source_video else strength,
+        lora=lora,
+        lora_scale=lora_scale,
+        guides=tuple(guides),
+        step_cache=sampling.step_cache,
+    )

@@ -9,7 +9,6 @@ call the stages one by one. A process keeps one runtime per (config, device) in
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -24,8 +23,8 @@ from shotloom.config import InferenceConfig, MemoryEstimates, load_inference_con
 from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress
 from shotloom.guides import measured
 from shotloom.parallel import group_config, group_progress
-from shotloom.performance import fp8_skip_patterns, resolve_step_cache
-from shotloom.request import GenerationRequest, Guide, MemorySlot
+from shotloom.performance import fp8_skip_patterns
+from shotloom.request import GenerationRequest, Guide, MemorySlot, resolve
 
 # on_stage(name): told when a generation enters one of shotloom.stages' stages (the ops record it).
 OnStage = Callable[[str], None]
@@ -262,28 +261,29 @@ class ModelRuntime:
         guides: list[Guide] | tuple[Guide, ...] = (),
         step_cache: str | None = None,
     ) -> GenerationRequest:
-        """Fill unset fields from the inference YAML's defaults (never rounds what was asked)."""
-        d = self.cfg.defaults
-        sampler = self.cfg.sampler_for(lora)
-        return GenerationRequest(
-            prompt=prompt,
-            width=width or d.width,
-            height=height or d.height,
-            num_frames=num_frames or d.num_frames,
-            fps=fps or d.fps,
-            seed=seed if seed is not None else random.randrange(2**32),
-            guidance_scale=guidance_scale if guidance_scale is not None else sampler.guidance_scale,
-            num_inference_steps=num_inference_steps or sampler.steps,
-            negative_prompt=negative_prompt if negative_prompt is not None else d.negative_prompt,
+        """Fill unset fields from the inference YAML (:func:`shotloom.request.resolve`)."""
+        return resolve(
+            self.cfg.defaults,
+            self.cfg.sampler_for(lora),
+            self.cfg.performance,
+            prompt,
+            width=width,
+            height=height,
+            num_frames=num_frames,
+            fps=fps,
+            seed=seed,
+            guidance_scale=guidance_scale,
+            num_inference_steps=num_inference_steps,
+            negative_prompt=negative_prompt,
             first_frame=first_frame,
             last_frame=last_frame,
-            memory=tuple(memory),
+            memory=memory,
             source_video=source_video,
-            strength=(strength if strength is not None else d.strength) if source_video else strength,
+            strength=strength,
             lora=lora,
             lora_scale=lora_scale,
-            guides=tuple(guides),
-            step_cache=resolve_step_cache(self.cfg.performance, step_cache),
+            guides=guides,
+            step_cache=step_cache,
         )
 
     def check(self, req: GenerationRequest) -> GenerationRequest:

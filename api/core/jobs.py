@@ -45,7 +45,7 @@ from shotloom import stages
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import Defaults, Performance, Sampler
 from shotloom.media_store import LocalMediaStore
-from shotloom.request import GenerationRequest, Guide, MemorySlot
+from shotloom.request import GenerationRequest, Guide, MemorySlot, resolve
 
 # Every submitted run carries it: reconcile finds runs by it (defined beside the other run tags).
 VIDEO_KIND = "video"  # artifacts are indexed by media kind; role says shot or film
@@ -378,22 +378,22 @@ class JobService:
     def _placeholder_request(
         self, spec: ShotSpec, caps: Capabilities, memory: tuple[MemoryRef, ...]
     ) -> GenerationRequest:
-        """The engine's request for ``spec`` with ``memory`` as its slots (paths are placeholders)."""
-        d, here = self.defaults, Path(".")
-        return GenerationRequest(
-            prompt=spec.prompt,
-            width=spec.width or d.width,
-            height=spec.height or d.height,
-            num_frames=spec.num_frames or d.num_frames,
-            fps=spec.fps or d.fps,
+        """The engine's request for ``spec`` with ``memory`` as its slots (paths are placeholders),
+        its unset fields resolved as the worker will resolve them (:func:`shotloom.request.resolve`)."""
+        here = Path(".")
+        return resolve(
+            self.defaults,
+            self.sampler_for(spec.lora),
+            self.performance,
+            spec.prompt,
+            width=spec.width,
+            height=spec.height,
+            num_frames=spec.num_frames,
+            fps=spec.fps,
             seed=0,
-            # Unset: the default of the sampler that will run it, as the engine resolves it.
-            guidance_scale=(
-                spec.guidance_scale
-                if spec.guidance_scale is not None
-                else self.sampler_for(spec.lora).guidance_scale
-            ),
+            guidance_scale=spec.guidance_scale,
             num_inference_steps=spec.num_inference_steps,
+            negative_prompt=spec.negative_prompt,
             step_cache=spec.step_cache,
             first_frame=here if spec.first_frame or spec.extends else None,
             last_frame=here if spec.last_frame else None,

@@ -14,7 +14,7 @@ from api.store import JobRecord
 from settings.api import SamplingLimits
 from shotloom.capabilities import CapabilityError, check_step_cache, check_steps
 from shotloom.config import NO_STEP_CACHE, Performance, Sampler
-from shotloom.performance import resolve_step_cache
+from shotloom.request import resolve_sampling, resolve_step_cache
 
 SamplerFor = Callable[[str | None], Sampler]  # adapter name (or None) -> the sampler it runs with
 
@@ -134,14 +134,19 @@ def job_sampling(job: JobRecord, rule_for: RuleFor) -> dict[str, Any] | None:
     config = ops["condition_op"].get("config") or {}
     result = job.result or {}
     rule = rule_for(config.get("lora"))
-    sampler = rule.sampler
     recorded = result.get("sampler") if isinstance(result.get("sampler"), dict) else {}
-    steps = result.get("num_inference_steps") or config.get("num_inference_steps") or sampler.steps
-    guidance = result.get("guidance_scale", config.get("guidance_scale", sampler.guidance_scale))
     ran_cache = result.get("step_cache") or (recorded.get("step_cache") or {}).get("name")
+    sampling = resolve_sampling(
+        rule.sampler,
+        rule.performance,
+        num_inference_steps=result.get("num_inference_steps") or config.get("num_inference_steps"),
+        guidance_scale=result.get("guidance_scale", config.get("guidance_scale")),
+        step_cache=ran_cache or config.get("step_cache") or None,
+    )
+    steps = sampling.num_inference_steps
     return {
-        "mode": recorded.get("mode", sampler.mode),
+        "mode": recorded.get("mode", rule.sampler.mode),
         "num_inference_steps": int(steps) if steps else None,
-        "guidance_scale": float(guidance),
-        "step_cache": str(ran_cache or config.get("step_cache") or rule.step_cache),
+        "guidance_scale": float(sampling.guidance_scale),
+        "step_cache": str(sampling.step_cache),
     }

@@ -226,7 +226,7 @@ class FamilyAdapter(ABC):
 
     def step_cache_name(self, req: GenerationRequest) -> str:
         """The step cache ``req`` runs with (a name of ``performance.step_caches``, or ``none``)."""
-        from shotloom.performance import resolve_step_cache
+        from shotloom.request import resolve_step_cache
 
         return resolve_step_cache(self.cfg.performance, req.step_cache)
 
