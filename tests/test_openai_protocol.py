@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from api.core.errors import InvalidField, NotFound, QueueFull
 from api.core.jobs import JobService, op_config
+from api.core.rules import RuleBook
 from api.core.sampling import SamplingRule, job_sampling
 from api.core.specs import SourceRef
 from api.openai.errors import OpenAIError, validation_error
@@ -58,6 +59,13 @@ def spec(body: dict, operator: dict | None = None, uploads: dict[str, Path] | No
     req = VideoCreateRequest.model_validate(body)
     op = VideoCreateRequest.model_validate({"prompt": "-", **operator}) if operator else None
     return req.to_spec(MODEL, operator=op, uploads=uploads or {}, version_id="a" * 32, seed=1)
+
+
+def checked_spec(body: dict):
+    """The shot a /v1 body makes, then the rule book's check of it (as the job service does)."""
+    shot = spec(body)
+    RuleBook(SamplingLimits()).check(shot, MODEL.caps)
+    return shot
 
 
 def test_unflatten_undoes_the_sdks_grouped_brackets():
@@ -183,7 +191,7 @@ def test_seconds_snap_up_to_the_frame_grid(seconds, fps, frames):
 )
 def test_what_the_model_cannot_honour_is_refused_naming_the_field(body, param):
     with pytest.raises(InvalidField) as info:
-        spec({"prompt": "p", **body})
+        checked_spec({"prompt": "p", **body})
     assert info.value.field == param
 
 

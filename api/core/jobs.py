@@ -15,13 +15,14 @@ import secrets
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from api.core.errors import Conflict, InvalidField, NotFound, QueueFull, Unavailable
 from api.core.inputs import MEDIA_SIZE, InputAsset, InputError, Role, copy_into_assets, resolve_resource
 from api.core.references import InProcessReferences, ReferenceTaker, kept_reference
+from api.core.rules import RuleBook
 from api.core.sampling import SamplerFor, SamplingRule, dit_calls
 from api.core.specs import GuideRef, InputRef, MemoryRef, MergeSpec, ShotSpec, SourceRef
 from api.core.steps import MERGE_JOB, R2V_JOB, stills_step, stitch_step
@@ -43,9 +44,9 @@ from orchestration.queue_control import QueueControl
 from settings.api import ApiConfig
 from shotloom import stages
 from shotloom.capabilities import Capabilities, CapabilityError
-from shotloom.config import Defaults, Performance, Sampler
+from shotloom.config import Defaults, Performance
 from shotloom.media_store import LocalMediaStore
-from shotloom.request import GenerationRequest, Guide, MemorySlot, resolve
+from shotloom.request import Guide
 
 # Every submitted run carries it: reconcile finds runs by it (defined beside the other run tags).
 VIDEO_KIND = "video"  # artifacts are indexed by media kind; role says shot or film
@@ -101,10 +102,7 @@ class JobService:
         self.assets_dir = assets_dir or api.assets_dir(state_dir)  # accepted inputs the workers read
         self.on_accept = on_accept or (lambda: None)
         self.published_capabilities = capabilities
-        self.defaults = defaults or Defaults()
-        default_sampler = Sampler()
-        self.sampler_for: SamplerFor = sampler_for or (lambda _adapter: default_sampler)
-        self.performance = performance or Performance()
+        self.rules = RuleBook(api.sampling, defaults, sampler_for, performance)
         self.terminate = terminate
         # Frames and sound taken from videos: on a media worker (through Dagster) in the service.
         self.references = references or InProcessReferences(self.media)
@@ -115,30 +113,8 @@ class JobService:
         return capabilities_from(self.published_capabilities())
 
     def sampling(self, adapter: str | None, caps: Capabilities | None = None) -> SamplingRule:
-        """What a request with ``adapter`` (or none) may ask of its sampler: the adapter's own
-        sampler or the model's, under the server's ``api.sampling`` limits and (once a worker has
-        published them) the family's guidance range; the model's step caches (any adapter's too)."""
-        caps = caps if caps is not None else self.capabilities()
-        return SamplingRule.of(
-            self.sampler_for(adapter),
-            self.api.sampling,
-            caps.guidance_range if caps else None,
-            self.performance,
-        )
-
-    def check_sampling(self, spec: ShotSpec, caps: Capabilities | None) -> None:
-        """The steps, guidance and step cache a shot asks for, against the sampler that will run
-        it (its adapter's, or the model's), the model's step caches and the server's limits; the
-        refusal names the client's field."""
-        rule = self.sampling(spec.lora, caps)
-        try:
-            rule.check(spec.num_inference_steps, spec.guidance_scale, spec.step_cache)
-        except CapabilityError as exc:
-            message = exc.message
-            own = spec.lora is not None and rule.sampler is not self.sampler_for(None)
-            if own and exc.field == "num_inference_steps":
-                message += f" (the adapter {spec.lora!r} has its own sampler)"
-            raise InvalidField(message, self._client_field(spec, exc.field)) from None
+        """The sampling rule of a request with ``adapter`` (or none): see :class:`RuleBook`."""
+        return self.rules.sampling(adapter, caps if caps is not None else self.capabilities())
 
     def replay(self, job_id: str | None, kind: JobKind, digest: str) -> JobRecord | None:
         """The original job for a repeated ``job_id`` with the same payload; Conflict otherwise."""
@@ -211,9 +187,9 @@ class JobService:
             return Accepted(replay, False)
         self.check_queue("r2v")
         caps = self.capabilities()
-        self.check_sampling(spec, caps)
+        self.rules.check_sampling(spec, caps)
         if caps is not None:
-            self.check_capabilities(spec, caps)
+            self.rules.check(spec, caps)
 
         inputs: dict[str, Any] = {}
         config: dict[str, Any] = {"work_id": spec.work_id, "shot_id": spec.shot_id, "prompt": spec.prompt}
@@ -293,18 +269,8 @@ class JobService:
         return self._accept(new)
 
     def check_capabilities(self, spec: ShotSpec, caps: Capabilities) -> None:
-        """What the model cannot do is refused now, not as a failed run later (paths are
-        placeholders: only their presence matters here)."""
-        try:
-            caps.check(self._placeholder_request(spec, caps, spec.memory))
-        except CapabilityError as exc:
-            field = self._client_field(spec, exc.field)
-            if exc.field == "memory":  # a count: name characters when they, not the images, went over
-                characters = [s for s in spec.memory if s.character_id is not None]
-                others = tuple(s for s in spec.memory if s.character_id is None)
-                if characters and self._passes(caps, self._placeholder_request(spec, caps, others)):
-                    field = characters[0].field.split("[", 1)[0]
-            raise InvalidField(exc.message, field) from None
+        """What the model cannot do is refused now, naming the client's field (:class:`RuleBook`)."""
+        self.rules.check(spec, caps)
 
     def _accept_guides(
         self,
@@ -336,16 +302,7 @@ class JobService:
             config.append({"path": str(asset.path), **placed})
             inputs[ref.field] = {**describe(asset), **placed}
         if caps is not None:
-            here = Path(".")
-            gen = replace(
-                self._placeholder_request(spec, caps, spec.memory),
-                memory=tuple(MemorySlot(here, here if m.get("audio") else None) for m in memory),
-                guides=tuple(guides),
-            )
-            try:
-                caps.check(gen)
-            except CapabilityError as exc:
-                raise InvalidField(exc.message, self._client_field(spec, exc.field)) from None
+            self.rules.check_with_inputs(spec, caps, memory, tuple(guides))
         return config
 
     def _guide_asset(self, ref: GuideRef) -> InputAsset:
@@ -366,66 +323,6 @@ class JobService:
                 raise InvalidField(
                     f"neither an image ({not_image.message}) nor a video ({not_video.message})", ref.field
                 ) from None
-
-    @staticmethod
-    def _passes(caps: Capabilities, gen: GenerationRequest) -> bool:
-        try:
-            caps.check(gen)
-        except CapabilityError:
-            return False
-        return True
-
-    def _placeholder_request(
-        self, spec: ShotSpec, caps: Capabilities, memory: tuple[MemoryRef, ...]
-    ) -> GenerationRequest:
-        """The engine's request for ``spec`` with ``memory`` as its slots (paths are placeholders),
-        its unset fields resolved as the worker will resolve them (:func:`shotloom.request.resolve`)."""
-        here = Path(".")
-        return resolve(
-            self.defaults,
-            self.sampler_for(spec.lora),
-            self.performance,
-            spec.prompt,
-            width=spec.width,
-            height=spec.height,
-            num_frames=spec.num_frames,
-            fps=spec.fps,
-            seed=0,
-            guidance_scale=spec.guidance_scale,
-            num_inference_steps=spec.num_inference_steps,
-            negative_prompt=spec.negative_prompt,
-            step_cache=spec.step_cache,
-            first_frame=here if spec.first_frame or spec.extends else None,
-            last_frame=here if spec.last_frame else None,
-            # An extension has its source in memory too (counted against the family's limit).
-            memory=tuple(MemorySlot(here, here if s.audio else None) for s in memory)
-            + ((MemorySlot(here),) if spec.extends else ()),
-            source_video=here if spec.source else None,
-            strength=spec.strength,
-            lora=spec.lora,
-            lora_scale=spec.lora_scale,
-            # Each guide at its frame, one frame long, no sound: measured once its file is read.
-            guides=tuple(Guide(here, g.frame, g.kind, frames=1) for g in spec.guides),
-        )
-
-    @staticmethod
-    def _client_field(spec: ShotSpec, engine_field: str) -> str:
-        head, _, rest = engine_field.partition("[")
-        if head == "guides" and rest:  # guides[i] or guides[i].frame: the client's name for guide i
-            index, _, tail = rest.partition("]")
-            return spec.guides[int(index)].field + tail
-        if head == "memory" and rest:
-            index = int(rest.split("]", 1)[0])
-            slot = spec.memory[index]
-            return f"{slot.field}.audio_url" if engine_field.endswith(".audio") else slot.field
-        if head == "memory":
-            return spec.memory_field
-        if head == "source_video" and spec.source is not None:
-            return spec.source.field
-        ref = getattr(spec, head, None) if head in ("first_frame", "last_frame") else None
-        if isinstance(ref, InputRef):
-            return ref.field
-        return spec.field_names.get(head, head)
 
     def _source_video(self, source: SourceRef) -> tuple[InputAsset, dict[str, Any]]:
         """The source of a video-to-video shot, stored content-addressed like any input (a

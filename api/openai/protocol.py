@@ -237,26 +237,17 @@ class VideoCreateRequest(_Strict):
         extends: SourceRef | None = None,
     ) -> ShotSpec:
         """The dialect-neutral shot: fields the client set, then the operator's ``default_request``,
-        then the model's preset; every value checked against what the model can honour."""
+        then the model's preset, within this server's limits (size, seconds). What the model can
+        honour is the rule book's to check (the job service), naming the client's fields."""
         lora, lora_scale = self._adapter(model)
         self._check_parts(uploads)
-        caps = model.caps
         layers = [self.geometry(), operator.geometry() if operator else {}]
         size = next((g for g in layers if "width" in g), {"width": model.width, "height": model.height})
         size_field = size.get("size_field", "size")
         for key, most in (("width", model.max_width), ("height", model.max_height)):
             if size[key] > most:
                 raise InvalidField(f"{key} is at most {most} on this server, got {size[key]}", size_field)
-            if size[key] % caps.size_multiple:
-                raise InvalidField(
-                    f"{key} must be a multiple of {caps.size_multiple} for this model, got {size[key]}",
-                    size_field,
-                )
         rate = next((g for g in layers if "fps" in g), {"fps": model.fps, "fps_field": "fps"})
-        if rate["fps"] not in caps.fps:
-            raise InvalidField(
-                f"must be one of {list(caps.fps)} for this model, got {rate['fps']}", rate["fps_field"]
-            )
         frames = _frames(self, layers[0], rate["fps"], model)
         if frames is None and operator is not None:
             frames = _frames(operator, layers[1], rate["fps"], model)
@@ -494,11 +485,6 @@ def _frames(
     caps = model.caps
     if "num_frames" in g:
         n, field = g["num_frames"], g["frames_field"]
-        if (n - 1) % caps.frame_multiple or n > caps.max_frames:
-            raise InvalidField(
-                f"must be {caps.frame_multiple}*k+1 and at most {caps.max_frames} for this model, got {n}",
-                field,
-            )
         most = snap_frames(model.max_seconds, fps, caps.frame_multiple)  # what max_seconds gives
         if n > most:
             raise InvalidField(
@@ -509,12 +495,7 @@ def _frames(
         seconds = g["seconds"]
         if seconds > model.max_seconds:
             raise InvalidField(f"at most {model.max_seconds:g} on this server, got {seconds:g}", "seconds")
-        n = snap_frames(seconds, fps, caps.frame_multiple)
-        if n > caps.max_frames:
-            raise InvalidField(
-                f"{seconds:g} s at {fps} fps is more than this model's {caps.max_frames} frames", "seconds"
-            )
-        return n, "seconds"
+        return snap_frames(seconds, fps, caps.frame_multiple), "seconds"
     return None
 
 
