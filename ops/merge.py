@@ -2,10 +2,10 @@
 
 from pathlib import Path
 
-from dagster import AssetMaterialization, Config, In, MetadataValue, OpExecutionContext, Out, Output, op
-from pydantic import Field
+from dagster import AssetMaterialization, In, MetadataValue, OpExecutionContext, Out, Output, op
 
 from contracts import events
+from contracts.runs import MergeConfig, StitchConfig
 from contracts.tags import VERSION_TAG
 from ops.assets import FILM_KEY, register_work_partition
 from ops.types import FilmArtifact, ShotArtifact
@@ -16,27 +16,6 @@ from shotloom import stages
 # Frames in the film's spritesheet (3x3). A constant: the merge job has no inference YAML, whose
 # defaults.spritesheet_frames sets the shots' count.
 FILM_SPRITESHEET_FRAMES = 9
-
-
-class MergeConfig(Config):
-    work_id: str = Field(description="Work the film belongs to (partition of the film asset).")
-    inputs: list[str] = Field(
-        min_length=1, description="MP4s in order: paths relative to the media root, or absolute."
-    )
-    shot_ids: list[str] = Field(default_factory=list, description="Shot ids of the inputs, for metadata.")
-    versions: list[str] = Field(
-        default_factory=list, description="Service versions of the inputs (lineage: film -> shots)."
-    )
-
-
-class StitchConfig(Config):
-    """The clips a generated shot is appended to (an extension of an earlier video)."""
-
-    work_id: str = Field(description="Work the stitched film belongs to.")
-    before: list[str] = Field(min_length=1, description="MP4s that come before the shot, in order.")
-    shot_ids: list[str] = Field(default_factory=list, description="Shot ids of those MP4s, for metadata.")
-    before_frames: int = Field(default=0, ge=0, description="Their frames in all (what readers expect).")
-    versions: list[str] = Field(default_factory=list, description="Service versions of those MP4s (lineage).")
 
 
 @op(out=Out(FilmArtifact), tags={"stage": "merging"})

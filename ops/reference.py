@@ -3,18 +3,12 @@ slot, an extension's first frame), taken on a media worker so the API never deco
 
 from pathlib import Path
 
-from dagster import AssetMaterialization, Config, Failure, MetadataValue, OpExecutionContext, Out, Output, op
-from pydantic import Field
+from dagster import AssetMaterialization, Failure, MetadataValue, OpExecutionContext, Out, Output, op
 
+from contracts.runs import ReferenceConfig
 from ops.assets import REFERENCE_KEY
 from ops.types import ReferenceArtifact
 from resources.media_store import MediaStoreResource
-
-
-class ReferenceConfig(Config):
-    video: str = Field(description="The video (absolute, or relative to the media root).")
-    frames: list[str] = Field(default_factory=lambda: ["middle"], description="middle and/or last.")
-    audio: bool = Field(default=True, description="Take its sound too (a WAV), where it has one.")
 
 
 @op(out=Out(ReferenceArtifact), tags={"stage": "referencing"})

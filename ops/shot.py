@@ -8,11 +8,9 @@ on a device worker every run reuses the same loaded weights.
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from dagster import (
     AssetMaterialization,
-    Config,
     Failure,
     In,
     MetadataValue,
@@ -22,9 +20,9 @@ from dagster import (
     RetryRequested,
     op,
 )
-from pydantic import Field
 
 from contracts import events
+from contracts.runs import ShotConfig
 from contracts.tags import VERSION_TAG
 from ops.assets import SHOT_KEY, register_shot_partition
 from ops.types import ConditioningBundle, DecodedBundle, LatentsBundle, ShotArtifact
@@ -36,60 +34,6 @@ from shotloom.capabilities import CapabilityError
 from shotloom.request import GenerationRequest, Guide, MemorySlot
 
 PROGRESS_TAG_INTERVAL_S = 0.5  # progress tags are DB writes: at most two a second (plus the last)
-
-
-class MemorySlotConfig(Config):
-    image: str = Field(description="Image file (absolute, or relative to the media root).")
-    audio: str | None = Field(default=None, description="Optional audio file beside the image.")
-
-
-class GuideConfig(Config):
-    path: str = Field(description="Image, video or audio file (absolute, or relative to the media root).")
-    frame: int = Field(description="The clip frame it starts at, 0..num_frames-1.")
-    kind: str = Field(default="video", description="video (an image or a video) or audio (a sound alone).")
-    with_audio: bool = Field(default=False, description="A guide video's sound conditions the audio too.")
-
-
-class ShotConfig(Config):
-    """One shot. Unset fields take the inference YAML's defaults."""
-
-    work_id: str = Field(description="Work (film / sequence) the shot belongs to.")
-    shot_id: str = Field(description="Shot identifier within the work.")
-    prompt: str
-    negative_prompt: str | None = None
-    seed: int | None = None
-    width: int | None = None
-    height: int | None = None
-    num_frames: int | None = None
-    fps: int | None = None
-    guidance_scale: float | None = None
-    num_inference_steps: int | None = Field(
-        default=None, description="Denoising steps; default: the sampler's (dmd: only its own)."
-    )
-    step_cache: str | None = Field(
-        default=None,
-        description="A step cache of the model's performance.step_caches by name, or 'none'; "
-        "default: the model's.",
-    )
-    first_frame: str | None = None
-    last_frame: str | None = None
-    memory: list[MemorySlotConfig] = Field(default_factory=list)
-    source_video: str | None = Field(
-        default=None, description="Video-to-video: the MP4 the generation starts from."
-    )
-    strength: float | None = Field(
-        default=None, description="How far from source_video to go, in (0, 1]; default: the YAML's."
-    )
-    lora: str | None = Field(default=None, description="A LoRA adapter of the inference YAML, by name.")
-    lora_scale: float | None = Field(default=None, description="Its scale; default: the configured one.")
-    guides: list[GuideConfig] = Field(
-        default_factory=list, description="Images, videos and sounds anchored at frames of the clip."
-    )
-    lineage: dict[str, Any] = Field(
-        default_factory=dict,
-        description="What the shot is made from: inputs (content hashes, the versions and characters "
-        "they came from), derived_from (versions), adapter. Recorded on the shot's materialization.",
-    )
 
 
 def _request(bundle) -> GenerationRequest:

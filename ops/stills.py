@@ -2,22 +2,15 @@
 it), made on a media worker after the device run wrote the MP4 (the device slot is free by then:
 PNG work never holds a GPU)."""
 
-from dagster import AssetMaterialization, Config, OpExecutionContext, Out, Output, op
-from pydantic import Field
+from dagster import AssetMaterialization, OpExecutionContext, Out, Output, op
 
 from contracts import events
+from contracts.runs import StillsConfig
 from ops.assets import SHOT_STILLS_KEY, register_shot_partition
 from ops.types import StillsArtifact
 from resources import run_state
 from resources.media_store import MediaStoreResource
 from shotloom import stages
-
-
-class StillsConfig(Config):
-    work_id: str = Field(description="Work the shot belongs to.")
-    shot_id: str = Field(description="The shot (partition of the shot and shot_stills assets).")
-    video: str = Field(description="The shot's MP4, relative to the media root; the PNGs go beside it.")
-    spritesheet_frames: int = Field(default=9, ge=1, description="Frames in the spritesheet.")
 
 
 @op(out=Out(StillsArtifact), tags={"stage": "writing"})

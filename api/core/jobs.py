@@ -39,6 +39,7 @@ from api.store import (
     UnknownVersion,
     payload_hash,
 )
+from contracts.runs import MERGE_OP, SHOT_OP, MergeConfig, ShotConfig, run_config
 from contracts.tags import KIND_TAG, USER_TAG
 from orchestration.queue_control import QueueControl
 from settings.api import ApiConfig
@@ -258,7 +259,7 @@ class JobService:
                 "client": without_inline_data(spec.client),
                 "inputs": inputs,
                 "job_name": R2V_JOB,
-                "run_config": {"ops": {"condition_op": {"config": config}}},
+                "run_config": run_config(**{SHOT_OP: ShotConfig.model_validate(config)}),
                 "then": then,
                 **({"extension": {"before_frames": before_frames}} if stitch is not None else {}),
             },
@@ -511,7 +512,7 @@ class JobService:
                 "client": spec.client,
                 "inputs": {"shots": sources},
                 "job_name": MERGE_JOB,
-                "run_config": {"ops": {"merge_op": {"config": config}}},
+                "run_config": run_config(**{MERGE_OP: MergeConfig.model_validate(config)}),
             },
             dialect=spec.dialect,
             submitter=spec.submitter,
@@ -583,7 +584,7 @@ class JobService:
             if any(tags.get(k) != v for k, v in wanted.items()):
                 continue
             request = copy.deepcopy(job.request)
-            config = request["run_config"]["ops"]["condition_op"]["config"]
+            config = request["run_config"]["ops"][SHOT_OP]["config"]
             if seed == "new":
                 config["seed"] = secrets.randbelow(2**32)
             elif config.get("seed") is None and (job.result or {}).get("seed") is not None:
@@ -694,7 +695,7 @@ class JobService:
         return caps
 
 
-def op_config(job: JobRecord, op: str = "condition_op") -> dict[str, Any]:
+def op_config(job: JobRecord, op: str = SHOT_OP) -> dict[str, Any]:
     """One op's config in the run config the job was accepted with ({} when it has none)."""
     return job.request.get("run_config", {}).get("ops", {}).get(op, {}).get("config") or {}
 

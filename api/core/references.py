@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from api.core.errors import Unavailable
 from api.dagster import DagsterGateway, DagsterGatewayError
+from contracts.runs import REFERENCE_OP, ReferenceConfig, run_config
 from contracts.tags import KIND_TAG, PRIORITY_TAG, USER_TAG
 from shotloom.media_store import LocalMediaStore
 
@@ -80,11 +81,11 @@ class MediaWorkerReferences:
         self.timeout_s = timeout_s
 
     def reference(self, video: Path, frames: list[str], audio: bool, user: str | None) -> Reference:
-        config = {"video": str(video), "frames": frames, "audio": audio}
+        config = ReferenceConfig(video=str(video), frames=frames, audio=audio)
         try:
             run_id = self.gateway.submit(
                 REFERENCE_JOB,
-                {"ops": {"reference_op": {"config": config}}},
+                run_config(**{REFERENCE_OP: config}),
                 {KIND_TAG: REFERENCE_JOB, USER_TAG: user or "api", PRIORITY_TAG: REFERENCE_PRIORITY},
             )
         except DagsterGatewayError as exc:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.store import JobRecord
+from contracts.runs import SHOT_OP
 from settings.api import SamplingLimits
 from shotloom.capabilities import CapabilityError, check_step_cache, check_steps
 from shotloom.config import NO_STEP_CACHE, Performance, Sampler
@@ -129,9 +130,9 @@ def job_sampling(job: JobRecord, rule_for: RuleFor) -> dict[str, Any] | None:
     resolved (what it asked, else the default of its adapter's sampler, or the model's; the step
     cache: the model's default, else none)."""
     ops = job.request.get("run_config", {}).get("ops", {})
-    if "condition_op" not in ops:
+    if SHOT_OP not in ops:
         return None
-    config = ops["condition_op"].get("config") or {}
+    config = ops[SHOT_OP].get("config") or {}
     result = job.result or {}
     rule = rule_for(config.get("lora"))
     recorded = result.get("sampler") if isinstance(result.get("sampler"), dict) else {}

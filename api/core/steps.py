@@ -11,17 +11,19 @@ import copy
 from typing import Any
 
 from api.store import JobRecord
+from contracts.runs import MERGE_OP, STILLS_OP, STITCH_OP, MergeConfig, StillsConfig, run_config
 
 R2V_JOB = "r2v"
 STILLS_JOB = "shot_stills"
 MERGE_JOB = "merge"
+FOLLOW_UP_CONFIGS = {STILLS_OP: StillsConfig, MERGE_OP: MergeConfig}  # the ops a follow-up runs
 
 
 def stills_step(work_id: str, shot_id: str) -> dict[str, Any]:
     """The thumbnail and spritesheet of the shot just written."""
     return {
         "job_name": STILLS_JOB,
-        "op": "stills_op",
+        "op": STILLS_OP,
         "config": {"work_id": work_id, "shot_id": shot_id},
         "from_shot": {"video": "path", "spritesheet_frames": "spritesheet_count"},
     }
@@ -32,7 +34,7 @@ def stitch_step(config: dict[str, Any]) -> dict[str, Any]:
     own stills). ``config`` is merge_op's (work_id, inputs, shot_ids, versions) before the shot."""
     return {
         "job_name": MERGE_JOB,
-        "op": "merge_op",
+        "op": MERGE_OP,
         "config": config,
         "append_shot": {"inputs": "path", "shot_ids": "shot_id", "versions": "version_id"},
     }
@@ -57,7 +59,8 @@ def follow_up_run(step: dict[str, Any], shot: dict[str, Any]) -> tuple[str, dict
             config[field] = shot[key]
     for field, key in step.get("append_shot", {}).items():
         config[field] = [*config.get(field, []), shot[key]]
-    return step["job_name"], {"ops": {step["op"]: {"config": config}}}
+    op = step["op"]
+    return step["job_name"], run_config(**{op: FOLLOW_UP_CONFIGS[op].model_validate(config)})
 
 
 def extension_before_frames(job: JobRecord) -> int:
@@ -66,7 +69,7 @@ def extension_before_frames(job: JobRecord) -> int:
     if extension is not None:
         return int(extension.get("before_frames", 0))
     # accepted by an earlier release: one extend run with a stitch op
-    stitch = job.request.get("run_config", {}).get("ops", {}).get("stitch_op", {}).get("config") or {}
+    stitch = job.request.get("run_config", {}).get("ops", {}).get(STITCH_OP, {}).get("config") or {}
     return int(stitch.get("before_frames", 0))
 
 

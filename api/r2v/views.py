@@ -10,6 +10,7 @@ from api.core.steps import first_run_id
 from api.core.views import JobViews
 from api.r2v.protocol import ArtifactResponse, VersionResponse, iso_time
 from api.store import ArtifactRecord, JobRecord, Store
+from contracts.runs import MERGE_OP
 
 # The r2v spec knows four statuses: a cancelled job (OpenAI dialect DELETE) reads as failed there.
 R2V_STATUS = {"cancelled": "failed"}
@@ -87,7 +88,7 @@ def version_lineage(job: JobRecord) -> dict[str, Any]:
     shot = op_config(job).get("lineage")
     if shot:
         return {"inputs": shot.get("inputs", {}), "derived_from": shot.get("derived_from", [])}
-    versions = op_config(job, "merge_op").get("versions", [])
+    versions = op_config(job, MERGE_OP).get("versions", [])
     inputs = {
         f"shots[{i}]": {"sha256": v.split(":", 1)[1]} if v.startswith("sha256:") else {"version_id": v}
         for i, v in enumerate(versions)
