@@ -1,0 +1,93 @@
+"""Runs nobody will start (orphans), taken back by an idle worker: scanned for at boot and then
+every ``orphan_scan_seconds`` of an idle main loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING
+
+from orchestration.worker.execute import execute
+
+if TYPE_CHECKING:
+    from orchestration.worker.process import Worker
+
+log = logging.getLogger("shotloom.worker")
+
+
+def scan_for_orphans(worker: Worker) -> None:
+    try:
+        _recover_orphans(worker)
+    except Exception:  # storage busy, a run deleted meanwhile...: the next scan tries again
+        log.exception("%s: scanning for orphaned runs failed", worker.name)
+
+
+def _recover_orphans(worker: Worker) -> None:
+    """Take back runs that nobody will start: run monitoring only times STARTING runs out
+    (after start_timeout_seconds), so an idle worker does it, oldest first, with stage
+    ``recovered``. Four ways a run ends up so: this worker's earlier boot died between
+    claiming and starting it; the daemon died between binding it to this worker (tags first)
+    and handing it over; the daemon died after marking it STARTING but before binding it to
+    any worker; or the worker (or its whole host) it was bound to is dead in the registry.
+    The last two may be taken by any idle worker of the pool, on any host: an exclusive claim
+    in the shared storage decides. A STARTED run is left to run monitoring, which resumes it.
+    """
+    from dagster import DagsterRunStatus, RunsFilter
+
+    from orchestration.launcher import BOOT_TAG, PID_TAG, POOL_TAGS, WORKER_TAG
+    from orchestration.registry import WorkerRegistry
+    from resources import run_state
+    from shotloom import stages
+
+    records = worker.instance.get_run_records(
+        RunsFilter(statuses=[DagsterRunStatus.STARTING], tags={POOL_TAGS[worker.pool]: "1"})
+    )
+    now = time.time()
+    registry = WorkerRegistry(worker.instance.run_storage)
+
+    def owner_dead(run) -> bool:
+        owner = registry.get(run.tags[WORKER_TAG])
+        return (
+            owner is None
+            or owner.boot_id != run.tags.get(BOOT_TAG)
+            or not owner.alive(worker.runtime_cfg.heartbeat_timeout_seconds)
+        )
+
+    def orphaned(record) -> bool:
+        run = record.dagster_run
+        stale = now - record.update_timestamp.timestamp() > worker.runtime_cfg.handover_grace_seconds
+        owner = run.tags.get(WORKER_TAG)
+        if owner is None:
+            return stale
+        if owner != worker.name:
+            return stale and owner_dead(run)
+        return run.tags.get(BOOT_TAG) != worker.boot_id or (stale and run.run_id not in worker.finished)
+
+    for record in sorted(filter(orphaned, records), key=lambda r: r.create_timestamp):
+        run_id = record.dagster_run.run_id
+        with worker.lock:
+            if worker.stopping or worker.state not in ("idle", "warming"):
+                return
+            before, worker.state = worker.state, "busy"  # the launcher now gets 409
+        mine = record.dagster_run.tags.get(WORKER_TAG) == worker.name
+        if not mine and not registry.claim(run_id, worker.name):
+            with worker.lock:
+                worker.state = before  # another worker took it
+            continue
+        log.info("%s: recovering run %s that was never started", worker.name, run_id)
+        run_state.record(
+            worker.instance,
+            run_id,
+            {
+                WORKER_TAG: worker.name,
+                BOOT_TAG: worker.boot_id,
+                PID_TAG: str(os.getpid()),
+                **stages.stage_tags(stages.RECOVERED),
+            },
+        )
+        execute(worker, run_id, resume=False)
+        with worker.lock:
+            if not worker.stopping:
+                worker.state = "idle"
