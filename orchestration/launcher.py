@@ -41,7 +41,6 @@ from contracts import events
 from contracts.tags import (
     BOOT_TAG,
     LAUNCHED_AT_TAG,
-    LOADS_TAG,  # noqa: F401  (orchestration.worker imports it from here until it moves)
     PID_TAG,
     POOL_TAGS,
     WORKER_TAG,

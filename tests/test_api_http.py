@@ -315,7 +315,7 @@ def test_runs_show_few_tags_and_report_stages_as_events(api):
     """What an operator filters by is a tag (at most 8 listed); stage times, progress, plans and
     pids are run events and hidden tags: not listed, yet the API still reads every stage."""
     from api.dagster import DagsterGateway
-    from shotloom import stages
+    from contracts.events import PROGRESS_EVENT, STAGE_EVENT
 
     done = api.get(f"/version/{api.find_version('s1')}").json()
     web = yaml.safe_load(api.config.read_text())["webserver"]
@@ -331,9 +331,9 @@ def test_runs_show_few_tags_and_report_stages_as_events(api):
     assert tags["shotloom/version_id"] == done["version_id"]
     assert not any(k.startswith(".dagster") or "stage" in k for k in tags)  # read from events instead
     events, _ = gateway.engine_events(done["run_id"])
-    entered = [e.metadata[stages.STAGE_EVENT] for e in events if stages.STAGE_EVENT in e.metadata]
+    entered = [e.metadata[STAGE_EVENT] for e in events if STAGE_EVENT in e.metadata]
     assert entered[:2] == ["claimed", "validating"] and {"inferring", "decoding", "writing"} <= set(entered)
-    assert any(stages.PROGRESS_EVENT in e.metadata for e in events)
+    assert any(PROGRESS_EVENT in e.metadata for e in events)
     assert list(done["stage_times"])[:2] == ["claimed", "validating"]  # the API read them back
 
 

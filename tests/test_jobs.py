@@ -12,9 +12,11 @@ import pytest
 from dagster import AssetKey, instance_for_test
 from PIL import Image
 
+from contracts import events
+from contracts.tags import STAGE_TAG
 from ops.assets import FILM_KEY, SHOT_KEY, SHOT_STILLS_KEY
 from orchestration.definitions import defs
-from shotloom import media, stages
+from shotloom import media
 from shotloom.admission import FakeProbe
 from shotloom.runtime import get_runtime
 
@@ -225,19 +227,19 @@ def test_stages_and_progress_are_run_tags_with_timestamps(instance, tmp_path, wa
     first = run_shot(instance, tmp_path, wan_config, shot_id="a", prompt="stages, first")
     assert first.success
     tags = run_tags(instance, first)
-    times = stages.stage_times(tags)
+    times = events.stage_times(tags)
     miss = ["validating", "conditioning_cache_lookup", "keeping_generator_on_gpu", "conditioning"]
     assert list(times) == [*miss, "inferring", "decoding", "writing"]
     assert list(times.values()) == sorted(times.values())  # entered in the spec's order
-    assert tags[stages.STAGE_TAG] == "writing"  # a device worker then records succeeded/failed
-    assert stages.progress(tags) == {"stage": "decoding", "done": 1, "total": 1}
+    assert tags[STAGE_TAG] == "writing"  # a device worker then records succeeded/failed
+    assert events.progress(tags) == {"stage": "decoding", "done": 1, "total": 1}
 
     logs = instance.all_logs(first.run_id)
     steps = [e.user_message for e in logs if "denoise step" in (e.user_message or "")]
     assert steps[-1].endswith("4/4")  # progress of every DMD step reaches the log
 
     hit = run_shot(instance, tmp_path, wan_config, shot_id="b", prompt="stages, first")
-    times = stages.stage_times(run_tags(instance, hit))
+    times = events.stage_times(run_tags(instance, hit))
     assert "conditioning" not in times and "conditioning_cache_lookup" in times  # a hit encodes nothing
 
 
@@ -252,7 +254,7 @@ def test_short_ram_releases_the_generator_and_reloads_it_for_denoise(
     rt.cache.root = tmp_path / "fresh-cache"  # force a conditioning miss for the same request
     tight = run_shot(instance, tmp_path, wan_config, shot_id="t", prompt="tiers", seed=3)
     assert tight.success
-    times = stages.stage_times(run_tags(instance, tight))
+    times = events.stage_times(run_tags(instance, tight))
     assert "unloading_for_conditioning" in times and "loading_generator" in times
     assert times["unloading_for_conditioning"] <= times["conditioning"] <= times["loading_generator"]
     assert rt.generator_loads == loads_before + 1  # reloaded from the checkpoint for denoise

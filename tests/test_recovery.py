@@ -23,7 +23,8 @@ import pytest
 from dagster import DagsterEventType, DagsterRunStatus
 from dagster._daemon.monitoring.run_monitoring import RESUME_RUN_LOG_MESSAGE
 
-from contracts.tags import BOOT_TAG, LAUNCHED_AT_TAG, PID_TAG, WORKER_TAG
+from contracts import events
+from contracts.tags import BOOT_TAG, LAUNCHED_AT_TAG, PID_TAG, STAGE_AT_PREFIX, STAGE_TAG, WORKER_TAG
 from orchestration.registry import CLAIM_PREFIX
 from shotloom import stages
 
@@ -120,11 +121,11 @@ def test_worker_killed_mid_decode_resumes_from_the_last_finished_step_under_the_
         def mid_decode():
             run = instance.get_run_by_id(run_id)
             assert not run.is_finished, (run.status, stack.log("daemon"))
-            return run if run.tags.get(stages.STAGE_TAG) == stages.DECODING else None
+            return run if run.tags.get(STAGE_TAG) == stages.DECODING else None
 
         run = _wait_for(mid_decode, 90, "the run to reach decoding", interval=0.1)
         name, pid, boot = run.tags[WORKER_TAG], int(run.tags[PID_TAG]), run.tags[BOOT_TAG]
-        stage_at_kill = run.tags[stages.STAGE_TAG]
+        stage_at_kill = run.tags[STAGE_TAG]
         os.kill(pid, signal.SIGKILL)
         killed_at = time.time()
 
@@ -143,10 +144,10 @@ def test_worker_killed_mid_decode_resumes_from_the_last_finished_step_under_the_
         assert final.status == DagsterRunStatus.SUCCESS, (stage_at_kill, stack.log(f"worker-{name}"))
         assert final.run_id == run_id, "resumed by run monitoring, not retried as a new run"
 
-        times = stages.stage_times(final.tags)
+        times = events.stage_times(final.tags)
         assert stages.RECOVERED in times, final.tags
         assert killed_at - 1 <= times[stages.RECOVERED] <= times[stages.SUCCEEDED]
-        assert final.tags[stages.STAGE_TAG] == stages.SUCCEEDED
+        assert final.tags[STAGE_TAG] == stages.SUCCEEDED
         # Resumed by run monitoring.
         resumes = instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT)
         assert any(e.message == RESUME_RUN_LOG_MESSAGE for e in resumes)
@@ -230,7 +231,7 @@ def test_run_bound_to_a_worker_but_never_handed_over_is_taken_back(stack):
             instance.add_run_tags(
                 run_id,
                 {WORKER_TAG: "cpu-0", BOOT_TAG: boot, LAUNCHED_AT_TAG: f"{bound:.3f}", PID_TAG: "0"}
-                | stages.stage_tags(stages.CLAIMED, at=bound),
+                | events.stage_tags(stages.CLAIMED, at=bound),
             )
             instance.report_dagster_event(
                 DagsterEvent(event_type_value=DagsterEventType.RUN_STARTING.value, job_name="r2v"), run_id
@@ -240,7 +241,7 @@ def test_run_bound_to_a_worker_but_never_handed_over_is_taken_back(stack):
         assert status == DagsterRunStatus.SUCCESS, stack.log("worker-cpu-0")
         with stack.instance() as instance:
             tags = instance.get_run_by_id(run_id).tags
-        assert tags[WORKER_TAG] == "cpu-0" and stages.STAGE_AT_PREFIX + stages.RECOVERED in tags
+        assert tags[WORKER_TAG] == "cpu-0" and STAGE_AT_PREFIX + stages.RECOVERED in tags
     finally:
         daemon.resume()
 
@@ -264,7 +265,7 @@ def test_run_marked_starting_but_never_bound_is_taken_by_an_idle_worker(stack):
             tags = instance.get_run_by_id(run_id).tags
             # Exactly one worker claimed it, in the shared storage (any host's worker could have).
             claim = instance.run_storage.get_cursor_values({CLAIM_PREFIX + run_id})
-        assert tags[WORKER_TAG] in ("cpu-0", "cpu-1") and stages.STAGE_AT_PREFIX + stages.RECOVERED in tags
+        assert tags[WORKER_TAG] in ("cpu-0", "cpu-1") and STAGE_AT_PREFIX + stages.RECOVERED in tags
         assert claim == {CLAIM_PREFIX + run_id: tags[WORKER_TAG]}
     finally:
         daemon.resume()

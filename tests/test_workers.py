@@ -28,7 +28,18 @@ from dagster._core.launcher import LaunchRunContext
 from dagster._daemon.controller import create_daemon_of_type
 from dagster._daemon.run_coordinator import QueuedRunCoordinatorDaemon
 
-from contracts.tags import BOOT_TAG, GPU_TAG, LAUNCHED_AT_TAG, LOADS_TAG, MEDIA_TAG, PID_TAG, WORKER_TAG
+from contracts import events
+from contracts.tags import (
+    ADMISSION_TAG,
+    BOOT_TAG,
+    GPU_TAG,
+    LAUNCHED_AT_TAG,
+    LOADS_TAG,
+    MEDIA_TAG,
+    PID_TAG,
+    STAGE_TAG,
+    WORKER_TAG,
+)
 from orchestration.instance_yaml import write_dagster_yaml
 from orchestration.launcher import DeviceRunLauncher, read_workers
 from orchestration.registry import WorkerRecord, WorkerRegistry
@@ -439,7 +450,7 @@ def test_stage_tags_record_the_sequence_with_times_and_progress(stack):
     runs = _succeeded_worker_runs(stack)
     tiers = (stages.KEEPING_ON_GPU, stages.STAGING_ON_CPU, stages.UNLOADING)
     for run in runs:
-        times = stages.stage_times(run.tags)  # in the spec's order
+        times = events.stage_times(run.tags)  # in the spec's order
         seen = list(times)
         miss = stages.CONDITIONING in times  # a conditioning-cache miss also places the generator
         tier = [s for s in seen if s in tiers]
@@ -450,12 +461,12 @@ def test_stage_tags_record_the_sequence_with_times_and_progress(stack):
         assert len(tier) == (1 if miss else 0)
         stamps = list(times.values())
         assert stamps == sorted(stamps), times  # the spec's order is the order they happened in
-        assert run.tags[stages.STAGE_TAG] == stages.SUCCEEDED
+        assert run.tags[STAGE_TAG] == stages.SUCCEEDED
         assert float(run.tags[LAUNCHED_AT_TAG]) <= times[stages.VALIDATING]
-        progress = stages.progress(run.tags)  # the last one written: decoded pieces
+        progress = events.progress(run.tags)  # the last one written: decoded pieces
         assert progress is not None and progress["stage"] == stages.DECODING, run.tags
         assert progress["total"] > 0 and progress["done"] == progress["total"]
-    assert any(stages.CONDITIONING in stages.stage_times(r.tags) for r in runs)
+    assert any(stages.CONDITIONING in events.stage_times(r.tags) for r in runs)
 
 
 @pytest.mark.slow
@@ -476,7 +487,7 @@ def test_worker_status_reports_admission_plan_device_and_weights(stack):
         assert status["residency_policy"] == "auto"
         assert status["dit_residency"]["policy"] == "auto" and status["dit_residency"]["mode"] == "cpu"
     # Each run carries the plan its worker admitted it with.
-    tagged = json.loads(runs[0].tags[stages.ADMISSION_TAG])
+    tagged = json.loads(runs[0].tags[ADMISSION_TAG])
     assert tagged["verdict"] == "admit" and "dit_residency" in tagged
 
 
@@ -572,7 +583,7 @@ def test_job_that_can_never_fit_fails_with_needed_and_available_figures(tmp_path
             assert run.status == DagsterRunStatus.FAILURE
             (failure,) = instance.all_logs(run.run_id, of_type=DagsterEventType.RUN_FAILURE)
             message = failure.dagster_event.message or failure.message
-            plan = json.loads(run.tags[stages.ADMISSION_TAG])
+            plan = json.loads(run.tags[ADMISSION_TAG])
             assert plan["verdict"] == "never"
             ram = plan["ram"]
             assert ram["needed_gib"] >= 100000 > ram["capacity_gib"] > 0
@@ -582,7 +593,7 @@ def test_job_that_can_never_fit_fails_with_needed_and_available_figures(tmp_path
             assert float(figures[1]) == pytest.approx(ram["needed_gib"], abs=0.06)
             assert float(figures[2]) == pytest.approx(ram["capacity_gib"], abs=0.06)
             deadline = time.monotonic() + 10  # the worker tags the stage just after the failure
-            while instance.get_run_by_id(run.run_id).tags[stages.STAGE_TAG] != stages.FAILED:
+            while instance.get_run_by_id(run.run_id).tags[STAGE_TAG] != stages.FAILED:
                 assert time.monotonic() < deadline, instance.get_run_by_id(run.run_id).tags
                 time.sleep(0.1)
             assert worker.poll() is None  # the worker survives a refused job

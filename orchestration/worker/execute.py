@@ -110,7 +110,8 @@ def _fail_unfinished(worker: Worker, run_id: str, message: str) -> None:
 def _after_run(worker: Worker, run_id: str) -> None:
     from dagster import DagsterRunStatus
 
-    from orchestration.launcher import LOADS_TAG
+    from contracts import events
+    from contracts.tags import LOADS_TAG
     from resources import run_state
     from shotloom import stages
 
@@ -127,7 +128,7 @@ def _after_run(worker: Worker, run_id: str) -> None:
             run = worker.instance.get_run_by_id(run_id)
         tags = {LOADS_TAG: str(loads())} if worker.pool == "device" else {}
         if run is not None and run.status in final:
-            tags.update(stages.stage_tags(final[run.status]))
+            tags.update(events.stage_tags(final[run.status]))
         run_state.record(worker.instance, run_id, tags)
         for rt in loaded_runtimes():
             rt.after_run()  # idle clock, measured CUDA peak

@@ -43,6 +43,8 @@ def admit(worker: Worker, run_id: str | None, rt) -> bool:
     """Wait until the job fits in live memory; False if it never can or was canceled meanwhile."""
     from dagster import DagsterRunStatus
 
+    from contracts import events
+    from contracts.tags import ADMISSION_TAG
     from resources import run_state
     from shotloom import stages
 
@@ -50,7 +52,7 @@ def admit(worker: Worker, run_id: str | None, rt) -> bool:
     while True:
         plan = rt.admission_plan()
         worker.admission_plan = plan.to_json()
-        tags = {stages.ADMISSION_TAG: json.dumps(worker.admission_plan)}
+        tags = {ADMISSION_TAG: json.dumps(worker.admission_plan)}
         if plan.verdict == "admit":
             if run_id is not None:
                 worker.instance.add_run_tags(run_id, tags)
@@ -70,7 +72,7 @@ def admit(worker: Worker, run_id: str | None, rt) -> bool:
             run_state.record(
                 worker.instance,
                 run_id,
-                {**tags, **stages.stage_tags(stages.WAITING_FOR_MEMORY)},
+                {**tags, **events.stage_tags(stages.WAITING_FOR_MEMORY)},
                 f"Waiting for memory: {plan.message}",
             )
             waiting = True

@@ -36,7 +36,8 @@ def _recover_orphans(worker: Worker) -> None:
     """
     from dagster import DagsterRunStatus, RunsFilter
 
-    from orchestration.launcher import BOOT_TAG, PID_TAG, POOL_TAGS, WORKER_TAG
+    from contracts import events
+    from contracts.tags import BOOT_TAG, PID_TAG, POOL_TAGS, WORKER_TAG
     from orchestration.registry import WorkerRegistry
     from resources import run_state
     from shotloom import stages
@@ -84,7 +85,7 @@ def _recover_orphans(worker: Worker) -> None:
                 WORKER_TAG: worker.name,
                 BOOT_TAG: worker.boot_id,
                 PID_TAG: str(os.getpid()),
-                **stages.stage_tags(stages.RECOVERED),
+                **events.stage_tags(stages.RECOVERED),
             },
         )
         execute(worker, run_id, resume=False)
