@@ -58,14 +58,14 @@ class ReadyReport:
     def _probe(self, name: str) -> bool:
         import httpx
 
-        from orchestration.launcher import WorkerError, call_worker
+        from orchestration.launcher import WorkerError, worker_status
 
         cfg = self.stack.cfg
         if name.startswith("worker-"):
             record = self._registry().get(name.removeprefix("worker-"))
             try:
                 alive = record is not None and record.heartbeat >= self.started
-                return alive and call_worker(record.url, "/status")["state"] in ("idle", "busy")
+                return alive and worker_status(record.url).state in ("idle", "busy")
             except WorkerError:
                 return False
         if name == "daemon":

@@ -336,12 +336,12 @@ class Stack:
         return path.read_text(errors="replace")[-3000:] if path.exists() else ""
 
     def worker_states(self) -> dict[str, dict]:
-        from orchestration.launcher import WorkerError, call_worker, read_workers
+        from orchestration.launcher import WorkerError, read_workers, worker_status
 
         out = {}
         for record in read_workers(self.state, "device"):
             try:
-                out[record.name] = call_worker(record.url, "/status", timeout=2)
+                out[record.name] = worker_status(record.url, timeout=2).model_dump(mode="json")
             except WorkerError:
                 pass
         return out

@@ -36,8 +36,10 @@ from dagster._core.launcher import (
 )
 from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
+from pydantic import ValidationError
 
 from contracts import events
+from contracts import worker as protocol
 from contracts.tags import (
     BOOT_TAG,
     LAUNCHED_AT_TAG,
@@ -93,6 +95,15 @@ def call_worker(url: str, path: str, payload: Mapping[str, Any] | None = None, t
         raise WorkerError(f"{url}{path}: HTTP {exc.code}") from exc
     except (OSError, ValueError) as exc:
         raise WorkerError(f"{url}{path}: {exc}") from exc
+
+
+def worker_status(url: str, timeout: float = 5.0) -> protocol.WorkerStatus:
+    """A worker's ``GET /status``, typed (WorkerError when it cannot answer, or answers nonsense)."""
+    answer = call_worker(url, protocol.STATUS_PATH, timeout=timeout)
+    try:
+        return protocol.WorkerStatus.model_validate(answer)
+    except ValidationError as exc:
+        raise WorkerError(f"{url}{protocol.STATUS_PATH}: not a worker's status: {exc}") from exc
 
 
 class DeviceRunLauncher(RunLauncher, ConfigurableClass):
@@ -171,19 +182,19 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
                 if not record.alive(self.heartbeat_timeout):
                     continue
                 try:
-                    status = call_worker(record.url, "/status", timeout=self.request_timeout)
-                    if status.get("state") != "idle" or status.get("boot_id") != record.boot_id:
+                    status = worker_status(record.url, timeout=self.request_timeout)
+                    if status.state != "idle" or status.boot_id != record.boot_id:
                         continue
                     self._tag(run, record, resume)
-                    answer = call_worker(
-                        record.url,
-                        "/runs",
-                        {"run_id": run.run_id, "resume": resume},
-                        timeout=self.request_timeout,
+                    offer = protocol.RunOffer(run_id=run.run_id, resume=resume)
+                    answer = protocol.OfferAnswer.model_validate(
+                        call_worker(
+                            record.url, protocol.RUNS_PATH, offer.model_dump(), timeout=self.request_timeout
+                        )
                     )
-                except WorkerError:
-                    continue  # dead or booting: try the next one
-                if answer.get("accepted"):
+                except (WorkerError, ValidationError):
+                    continue  # dead, booting, or not a worker of ours: try the next one
+                if answer.accepted:
                     return record
             # A worker that just finished may still be tidying up; the queue limit keeps this short.
             if time.monotonic() > deadline:
@@ -254,13 +265,14 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             # run, and run monitoring's cancel timeout finishes the job otherwise.
             return False
         try:
-            answer = call_worker(record.url, f"/runs/{run_id}/terminate", {}, timeout=self.request_timeout)
-        except WorkerError as exc:
+            reply = call_worker(record.url, protocol.terminate_path(run_id), {}, timeout=self.request_timeout)
+            answer = protocol.TerminateAnswer.model_validate(reply)
+        except (WorkerError, ValidationError) as exc:
             self._instance.report_engine_event(
                 f"Could not reach worker {record.name} to terminate: {exc}", run, cls=self.__class__
             )
             return False
-        return bool(answer.get("terminated"))
+        return answer.terminated
 
     @property
     def supports_check_run_worker_health(self) -> bool:
@@ -282,15 +294,15 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             why = "stopped" if record.heartbeat <= 0 else "died" if record.local else "stopped beating"
             return CheckRunHealthResult(WorkerStatus.FAILED, f"worker {name} {why}", run_worker_id=name)
         try:
-            status = call_worker(record.url, "/status", timeout=self.request_timeout)
+            status = worker_status(record.url, timeout=self.request_timeout)
         except WorkerError as exc:
             # Alive but not answering (busy GIL, slow disk): never fail a run on that alone.
             return CheckRunHealthResult(WorkerStatus.RUNNING, str(exc), transient=True, run_worker_id=name)
-        if status.get("boot_id") != boot_id:
+        if status.boot_id != boot_id:
             return CheckRunHealthResult(WorkerStatus.FAILED, f"worker {name} restarted", run_worker_id=name)
-        if run.run_id in (status.get("run_id"), status.get("pending_run_id")):
+        if run.run_id in (status.run_id, status.pending_run_id):
             return CheckRunHealthResult(WorkerStatus.RUNNING, run_worker_id=name)
-        if run.run_id in status.get("finished_run_ids", []):
+        if run.run_id in status.finished_run_ids:
             return CheckRunHealthResult(WorkerStatus.SUCCESS, run_worker_id=name)
         return CheckRunHealthResult(
             WorkerStatus.FAILED, f"worker {name} is not running this run", run_worker_id=name

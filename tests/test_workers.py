@@ -491,6 +491,23 @@ def test_worker_status_reports_admission_plan_device_and_weights(stack):
     assert tagged["verdict"] == "admit" and "dit_residency" in tagged
 
 
+def test_the_worker_protocol_is_typed_both_ways(stack):
+    """GET /status reads as contracts.worker.WorkerStatus; an offer that is not a RunOffer is a 400
+    naming what is wrong (it crashed the handler before), and the worker goes on as it was."""
+    import httpx
+
+    from contracts.worker import RUNS_PATH
+    from orchestration.launcher import worker_auth_headers, worker_status
+
+    for record in read_workers(stack.state, "device"):
+        status = worker_status(record.url)
+        assert (status.name, status.boot_id, status.pool) == (record.name, record.boot_id, "device")
+        bad = httpx.post(record.url + RUNS_PATH, json={"resume": True}, headers=worker_auth_headers())
+        assert bad.status_code == 400 and "run_id" in bad.json()["error"], bad.text
+        after = worker_status(record.url)
+        assert (after.pid, after.boot_id) == (status.pid, status.boot_id)
+
+
 def _tree(pid: int) -> list[psutil.Process]:
     root = psutil.Process(pid)
     return [root, *root.children(recursive=True)]

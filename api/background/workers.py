@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestration.launcher import WorkerError, call_worker
+from orchestration.launcher import WorkerError, worker_status
 from orchestration.registry import WorkerRegistry
 
 STATUS_TIMEOUT_S = 2.0  # a worker busy denoising still answers /status from its own thread
@@ -24,7 +24,8 @@ class WorkerStatuses:
                 snaps[rec.name] = {**known, "state": "stopped"}
                 continue
             try:
-                snaps[rec.name] = {**known, **call_worker(rec.url, "/status", timeout=STATUS_TIMEOUT_S)}
+                status = worker_status(rec.url, timeout=STATUS_TIMEOUT_S)
+                snaps[rec.name] = {**known, **status.model_dump(mode="json")}
             except WorkerError:
                 snaps[rec.name] = {**known, "state": "unreachable"}
         self.snapshots = snaps

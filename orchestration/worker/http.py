@@ -14,6 +14,9 @@ import os
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
+from contracts.worker import RUNS_PATH, STATUS_PATH, OfferAnswer, RunOffer, TerminateAnswer, terminate_path
 from orchestration.worker.snapshot import status
 
 if TYPE_CHECKING:
@@ -64,8 +67,8 @@ def handler(worker: Worker) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             if not self._authorized():
                 return
-            if self.path == "/status":
-                self._send(200, status(worker))
+            if self.path == STATUS_PATH:
+                self._send(200, status(worker).model_dump(mode="json"))
             else:
                 self._send(404, {"error": "not found"})
 
@@ -73,14 +76,18 @@ def handler(worker: Worker) -> type[BaseHTTPRequestHandler]:
             if not self._authorized():
                 return
             parts = self.path.strip("/").split("/")
-            if parts == ["runs"]:
-                body = self._body()
-                ok = worker.accept(str(body["run_id"]), bool(body.get("resume")))
-                info = {"accepted": ok, "pid": os.getpid(), "boot_id": worker.boot_id}
-                self._send(202 if ok else 409, info)
-            elif len(parts) == 3 and parts[0] == "runs" and parts[2] == "terminate":
+            if parts == [RUNS_PATH.strip("/")]:
+                try:
+                    offer = RunOffer.model_validate(self._body())
+                except (ValidationError, ValueError) as exc:
+                    self._send(400, {"error": f"not a run offer: {exc}"})
+                    return
+                ok = worker.accept(offer.run_id, offer.resume)
+                answer = OfferAnswer(accepted=ok, pid=os.getpid(), boot_id=worker.boot_id)
+                self._send(202 if ok else 409, answer.model_dump())
+            elif len(parts) == 3 and terminate_path(parts[1]) == "/" + "/".join(parts):
                 ok = worker.terminate(parts[1])
-                self._send(202 if ok else 409, {"terminated": ok})
+                self._send(202 if ok else 409, TerminateAnswer(terminated=ok).model_dump())
             else:
                 self._send(404, {"error": "not found"})
 

@@ -11,11 +11,13 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from contracts.worker import WorkerStatus
+
 if TYPE_CHECKING:
     from orchestration.worker.process import Worker
 
 
-def status(worker: Worker) -> dict[str, Any]:
+def status(worker: Worker) -> WorkerStatus:
     with worker.lock:
         base = {
             "name": worker.name,
@@ -43,15 +45,17 @@ def status(worker: Worker) -> dict[str, Any]:
             },
         }
     runtimes = runtimes_snapshot()
-    return {
-        **base,
-        "weights": runtimes,
-        "weights_loaded": any(r["loaded"] for r in runtimes),
-        "weight_location": next((r["location"] for r in runtimes), "released"),
-        "capabilities": next((r["capabilities"] for r in runtimes if r["capabilities"]), None),
-        "loads": sum(r["loads"] for r in runtimes),
-        "resources": resource_snapshot(),
-    }
+    return WorkerStatus.model_validate(
+        {
+            **base,
+            "weights": runtimes,
+            "weights_loaded": any(r["loaded"] for r in runtimes),
+            "weight_location": next((r["location"] for r in runtimes), "released"),
+            "capabilities": next((r["capabilities"] for r in runtimes if r["capabilities"]), None),
+            "loads": sum(r["loads"] for r in runtimes),
+            "resources": resource_snapshot(),
+        }
+    )
 
 
 def resource_snapshot() -> dict[str, Any]:
