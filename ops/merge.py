@@ -2,9 +2,10 @@
 
 from pathlib import Path
 
-from dagster import AssetMaterialization, In, MetadataValue, OpExecutionContext, Out, Output, op
+from dagster import AssetMaterialization, In, OpExecutionContext, Out, Output, op
 
 from contracts import events
+from contracts.outputs import FilmOutput
 from contracts.runs import MergeConfig, StitchConfig
 from contracts.tags import VERSION_TAG
 from ops.assets import FILM_KEY, register_work_partition
@@ -76,12 +77,12 @@ def _film(
     yield AssetMaterialization(
         asset_key=FILM_KEY,
         partition=register_work_partition(context.instance, work_id),
-        metadata={
+        metadata=FilmOutput(
             **{k: v for k, v in artifact.__dict__.items() if k != "shots"},
-            "size": f"{artifact.width}x{artifact.height}",
-            "shots": ", ".join(shot_ids) or ", ".join(paths),
-            "versions": MetadataValue.json(versions),  # lineage: the versions of its shots, in order
+            size=f"{artifact.width}x{artifact.height}",
+            shots=", ".join(shot_ids) or ", ".join(paths),
+            versions=versions,
             **stills,
-        },
+        ).to_metadata(),
     )
     yield Output(artifact)

@@ -13,7 +13,6 @@ from dagster import (
     AssetMaterialization,
     Failure,
     In,
-    MetadataValue,
     OpExecutionContext,
     Out,
     Output,
@@ -22,6 +21,7 @@ from dagster import (
 )
 
 from contracts import events
+from contracts.outputs import ShotOutput
 from contracts.runs import ShotConfig
 from contracts.tags import VERSION_TAG
 from ops.assets import SHOT_KEY, register_shot_partition
@@ -194,6 +194,7 @@ def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource
     timings = _timed(decoded.meta, "write", start)
     peak_mb, peak_kind = rt.peak_memory_mb()
     sampling = decoded.meta.get("sampling", {})
+    lineage = decoded.meta.get("lineage", {})
     artifact = ShotArtifact(
         work_id=work_id,
         shot_id=shot_id,
@@ -211,24 +212,23 @@ def write_op(context: OpExecutionContext, decoded, runtime: ModelRuntimeResource
         asset_key=SHOT_KEY,
         partition=partition,
         description=req.prompt[:200],
-        metadata={
+        metadata=ShotOutput(
             **{k: v for k, v in artifact.__dict__.items() if k != "timings"},
-            "size": f"{artifact.width}x{artifact.height}",
-            "cache_hit": bool(decoded.meta.get("cache_hit")),
+            size=f"{artifact.width}x{artifact.height}",
+            cache_hit=bool(decoded.meta.get("cache_hit")),
             # How it was sampled: the sampler's mode, the steps and guidance it ran.
-            "sampler": MetadataValue.json(sampling),
-            "num_inference_steps": int(sampling.get("steps") or 0),
-            "guidance_scale": float(sampling.get("guidance_scale", req.guidance_scale)),
-            "step_cache": (sampling.get("step_cache") or {}).get("name", "none"),
-            "stage_timings": timings,
-            "peak_memory_mb": round(peak_mb, 1),
-            "version_id": context.run.tags.get(VERSION_TAG, ""),  # the service version it is
-            # Lineage: what it was made from (hashes, earlier versions, characters) and with what.
-            "inputs": MetadataValue.json(decoded.meta.get("lineage", {}).get("inputs", {})),
-            "derived_from": MetadataValue.json(decoded.meta.get("lineage", {}).get("derived_from", [])),
-            "adapter": decoded.meta.get("lineage", {}).get("adapter") or "",
-            "peak_memory_kind": peak_kind,
-            "spritesheet_count": rt.cfg.defaults.spritesheet_frames,  # for the stills made after
-        },
+            sampler=sampling,
+            num_inference_steps=int(sampling.get("steps") or 0),
+            guidance_scale=float(sampling.get("guidance_scale", req.guidance_scale)),
+            step_cache=(sampling.get("step_cache") or {}).get("name", "none"),
+            stage_timings=timings,
+            peak_memory_mb=round(peak_mb, 1),
+            version_id=context.run.tags.get(VERSION_TAG, ""),
+            inputs=lineage.get("inputs", {}),
+            derived_from=lineage.get("derived_from", []),
+            adapter=lineage.get("adapter") or "",
+            peak_memory_kind=peak_kind,
+            spritesheet_count=rt.cfg.defaults.spritesheet_frames,
+        ).to_metadata(),
     )
     yield Output(artifact)

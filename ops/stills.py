@@ -5,6 +5,7 @@ PNG work never holds a GPU)."""
 from dagster import AssetMaterialization, OpExecutionContext, Out, Output, op
 
 from contracts import events
+from contracts.outputs import StillsOutput
 from contracts.runs import StillsConfig
 from ops.assets import SHOT_STILLS_KEY, register_shot_partition
 from ops.types import StillsArtifact
@@ -26,7 +27,7 @@ def stills_op(context: OpExecutionContext, config: StillsConfig, media: MediaSto
             asset_key=SHOT_STILLS_KEY,
             partition=register_shot_partition(context.instance, config.work_id, config.shot_id),
             description=f"stills of {config.video}",
-            metadata={"video": config.video, **stills},
+            metadata={"video": config.video, **StillsOutput.model_validate(stills).to_metadata()},
         )
     )
     yield Output(

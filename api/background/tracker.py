@@ -19,18 +19,12 @@ from api.core.steps import follow_up_run, follow_ups
 from api.dagster import DagsterGateway, RunInfo
 from api.store import ArtifactRecord, JobRecord, Store
 from contracts import events, tags
+from contracts.outputs import RESULT_KEYS, VideoOutput, read_stills
 from settings.api import ApiConfig
 from shotloom import stages
 
 log = logging.getLogger("shotloom.api")
 FILM_ASSET = ("film",)  # the asset key of films (merges, stitched extensions), as GraphQL reads it
-STILLS = ("thumbnail", "spritesheet")  # image artifacts recorded beside each video
-# Materialization metadata copied into a succeeded job's result (read by both dialects' views).
-RESULT_KEYS = (
-    "width", "height", "frames", "fps", "duration_s", "has_audio", "seed", "video_mode", "peak_memory_mb",
-    # How a shot was sampled (not on a film).
-    "num_inference_steps", "guidance_scale", "sampler", "step_cache",
-)  # fmt: skip
 IMAGE_KIND = "image"
 CANCEL_RETRY_S = 5.0
 RETRY_GRACE_S = 120.0  # a failed run marked will_retry whose retry never appears is failed after this
@@ -224,43 +218,36 @@ class Tracker:
         log.info("version %s: step %d, run %s (%s)", job.version_id, step, run_id, spec["job_name"])
 
     def _index_artifacts(self, job: JobRecord, run: RunInfo) -> list[ArtifactRecord]:
-        """Index the files a succeeded run materialized: videos (``path``) and the thumbnail and
-        spritesheet made from one (beside it, by the media work after the shot)."""
+        """Index the files a succeeded run materialized: videos and the thumbnail and spritesheet
+        made from one (beside it, by the media work after the shot)."""
         artifacts = []
         for mat in self.gateway.materializations(run.run_id):
-            meta = mat.metadata
-            path = meta.get("path")
-            if isinstance(path, str):
+            video = VideoOutput.read(mat.metadata)
+            if video is not None:
                 art = self.store.add_artifact(
                     job.version_id,
                     kind=VIDEO_KIND,
                     role="film" if mat.asset_key == FILM_ASSET else "shot",
-                    path=path,
-                    url_path="/media/" + path,
-                    bytes=_int(meta.get("bytes")),
-                    sha256=meta.get("sha256"),
-                    metadata={
-                        k: v
-                        for k, v in meta.items()
-                        if k not in ("path", "sha256", "bytes") and not k.startswith(STILLS)
-                    },
+                    path=video.path,
+                    url_path="/media/" + video.path,
+                    bytes=video.bytes,
+                    sha256=video.sha256,
+                    metadata=video.facts(),
                     shot_id=job.shot_id,
                 )
                 artifacts.append(art)
-            for role in STILLS:
-                still = meta.get(role)
-                if isinstance(still, str):
-                    self.store.add_artifact(
-                        job.version_id,
-                        kind=IMAGE_KIND,
-                        role=role,
-                        path=still,
-                        url_path="/media/" + still,
-                        bytes=_int(meta.get(f"{role}_bytes")),
-                        sha256=meta.get(f"{role}_sha256"),
-                        metadata={"grid": meta["spritesheet_grid"]} if role == "spritesheet" else {},
-                        shot_id=job.shot_id,
-                    )
+            for still in read_stills(mat.metadata):
+                self.store.add_artifact(
+                    job.version_id,
+                    kind=IMAGE_KIND,
+                    role=still.role,
+                    path=still.path,
+                    url_path="/media/" + still.path,
+                    bytes=still.bytes,
+                    sha256=still.sha256,
+                    metadata={"grid": still.grid} if still.grid is not None else {},
+                    shot_id=job.shot_id,
+                )
         return artifacts
 
     def _failed(self, job: JobRecord, run: RunInfo) -> None:
@@ -297,10 +284,3 @@ class Tracker:
         retries = [r for r in self.gateway.retries_of(root) if r.run_id != run.run_id]
         newer = [r for r in retries if (r.create_time or 0) > (run.create_time or 0)]
         return max(newer, key=lambda r: r.create_time or 0) if newer else None
-
-
-def _int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
