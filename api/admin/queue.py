@@ -134,7 +134,7 @@ def operator_router(ctx: ApiContext) -> APIRouter:
             "key": key,
             "accepted": [
                 {"version_id": a.job.version_id, "work_id": a.job.work_id, "shot_id": a.job.shot_id,
-                 "rerender_of": a.job.request["rerender"]["of"], "created": a.created}
+                 "rerender_of": a.job.request.rerender.of, "created": a.created}
                 for a in accepted
             ],
         }  # fmt: skip

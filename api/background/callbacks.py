@@ -72,7 +72,7 @@ class Callbacks:
 def callback_payload(job: JobRecord, store: Store, api: ApiConfig) -> dict[str, Any]:
     """The one POST a job's callback gets (r2v spec "Callbacks and errors")."""
     base = api.base_url()
-    result = job.result or {}
+    video_url = job.result.video_url(base) if job.result else None
     artifacts = [
         {"artifact_id": a.artifact_id, "url": base + a.url_path, "role": a.role, "sha256": a.sha256}
         for a in store.artifacts_for(job.version_id)
@@ -92,9 +92,9 @@ def callback_payload(job: JobRecord, store: Store, api: ApiConfig) -> dict[str, 
     if job.status in ("failed", "cancelled"):
         payload["error"] = job.error or job.status
     elif job.kind == "merge":
-        payload["result"] = {"video_url": result.get("video_url"), "artifacts": artifacts}
+        payload["result"] = {"video_url": video_url, "artifacts": artifacts}
     else:
-        payload.update(shot_id=job.shot_id, video_url=result.get("video_url"), artifacts=artifacts)
+        payload.update(shot_id=job.shot_id, video_url=video_url, artifacts=artifacts)
     if job.kind == "r2v" and "shot_id" not in payload:
         payload["shot_id"] = job.shot_id
     return payload

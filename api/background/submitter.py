@@ -14,7 +14,7 @@ import time
 
 from api.background.callbacks import Callbacks
 from api.core.jobs import run_kind
-from api.dagster import DagsterGateway, DagsterGatewayError, DagsterUnavailable, RunInfo, RunSubmission
+from api.dagster import DagsterGatewayError, DagsterUnavailable, Gateway, RunInfo, RunSubmission
 from api.store import JobRecord, Store
 from contracts import tags
 from shotloom import stages
@@ -29,7 +29,7 @@ class Submitter:
     def __init__(
         self,
         store: Store,
-        gateway: DagsterGateway,
+        gateway: Gateway,
         callbacks: Callbacks,
         stopping: threading.Event,
         boot: float,
@@ -79,7 +79,7 @@ class Submitter:
         if job.cancel_requested_at is not None:  # cancelled before it reached Dagster
             self.store.update_status(job.version_id, status="cancelled", stage=stages.CANCELED, error=None)
             return None
-        return RunSubmission(job.request["job_name"], job.request["run_config"], run_tags(job))
+        return RunSubmission(job.request.job_name, job.request.run_config, run_tags(job))
 
     def _submit_batch(self, batch: list[tuple[JobRecord, RunSubmission]]) -> None:
         if not batch:
@@ -165,7 +165,7 @@ class Submitter:
 
 def run_tags(job: JobRecord, step: int = 0) -> dict[str, str]:
     """The tags every run of ``job`` carries (its ``step``-th follow-up: that too)."""
-    rerender = job.request.get("rerender")
+    rerender = job.request.rerender
     return tags.run_tags(
         version_id=job.version_id,
         work_id=job.work_id,
@@ -173,7 +173,7 @@ def run_tags(job: JobRecord, step: int = 0) -> dict[str, str]:
         submitter=job.submitter,
         shot_id=job.shot_id,
         priority=job.priority,
-        rerender_reason=(rerender.get("reason") or "") if rerender is not None else None,
+        rerender_reason=rerender.reason if rerender is not None else None,
         step=step,
     )
 

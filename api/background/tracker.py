@@ -15,8 +15,9 @@ from api.background.callbacks import Callbacks
 from api.background.submitter import Submitter
 from api.background.workers import WorkerStatuses
 from api.core.jobs import VIDEO_KIND
+from api.core.records import FollowUp
 from api.core.steps import follow_up_run, follow_ups
-from api.dagster import DagsterGateway, RunInfo
+from api.dagster import Gateway, RunInfo
 from api.store import ArtifactRecord, JobRecord, Store
 from contracts import events, tags
 from contracts.outputs import RESULT_KEYS, VideoOutput, read_stills
@@ -59,7 +60,7 @@ class Tracker:
     def __init__(
         self,
         store: Store,
-        gateway: DagsterGateway,
+        gateway: Gateway,
         api: ApiConfig,
         submitter: Submitter,
         callbacks: Callbacks,
@@ -124,7 +125,7 @@ class Tracker:
         else:
             stage = self._states[run.run_id].stage or stages.QUEUED
             status = api_status(run.status, stage)
-        if status != job.status or stage != job.stage or live != (job.live or {}):
+        if status != job.status or stage != job.stage or live != (job.live.as_json() if job.live else {}):
             self.store.update_status(job.version_id, status=status, stage=stage, live=live)
 
     def _run_state(self, run: RunInfo) -> RunState:
@@ -144,7 +145,7 @@ class Tracker:
         if tags.run_step(run.tags):
             # Media work after the shot: its events are not read; the stage times, progress and
             # device worker of the run that made the shot stay as they were.
-            return {**(job.live or {}), "run_status": run.status}
+            return {**(job.live.as_json() if job.live else {}), "run_status": run.status}
         state = self._run_state(run)
         times = {s: state.stage_times[s] for s in stages.ORDER if s in state.stage_times}
         live: dict[str, Any] = {"run_status": run.status, "stage_times": times}
@@ -168,13 +169,12 @@ class Tracker:
         if step < len(steps):
             self._follow_up(job, run, step + 1, steps[step], made)
             return
-        base = self.api.base_url()
         artifacts = [a for a in self.store.artifacts_for(job.version_id) if a.kind == VIDEO_KIND]
         result: dict[str, Any] = {"run_id": run.run_id}
         if artifacts:
             # An extension writes its shot, then the film it stitched: the film is the answer.
             main = next((a for a in artifacts if a.role == "film"), artifacts[0])
-            result["video_url"] = base + main.url_path
+            result["video_path"] = main.path  # its URL is built when a view is rendered
             result["artifact_id"] = main.artifact_id
             for key in RESULT_KEYS:
                 if key in main.metadata:
@@ -188,7 +188,7 @@ class Tracker:
         self.callbacks.enqueue(record)
 
     def _follow_up(
-        self, job: JobRecord, run: RunInfo, step: int, spec: dict[str, Any], made: list[ArtifactRecord]
+        self, job: JobRecord, run: RunInfo, step: int, spec: FollowUp, made: list[ArtifactRecord]
     ) -> None:
         """Submit the job's next run (or adopt it: submitted before a restart); the job stays
         running, its stage and stage times carried on."""
@@ -215,7 +215,7 @@ class Tracker:
         self.submitter.recorded(job.version_id)
         self.store.update_status(job.version_id, status="running", live=live)
         self._states.pop(run.run_id, None)
-        log.info("version %s: step %d, run %s (%s)", job.version_id, step, run_id, spec["job_name"])
+        log.info("version %s: step %d, run %s (%s)", job.version_id, step, run_id, spec.job_name)
 
     def _index_artifacts(self, job: JobRecord, run: RunInfo) -> list[ArtifactRecord]:
         """Index the files a succeeded run materialized: videos and the thumbnail and spritesheet

@@ -9,7 +9,6 @@ which also reconciles accepted-but-unsubmitted jobs at start. No torch, no HTTP 
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import secrets
 import statistics
@@ -245,7 +244,7 @@ class JobService:
         config["lineage"] = lineage(inputs, spec.lora)
         # After the device run: the extension stitched onto its source (the film has its own
         # stills), or the shot's stills; on a media worker either way.
-        then = [stitch_step(stitch)] if stitch is not None else [stills_step(spec.work_id, spec.shot_id)]
+        then = [stitch_step(stitch) if stitch is not None else stills_step(spec.work_id, spec.shot_id)]
 
         new = NewJob(
             kind="r2v",
@@ -260,7 +259,7 @@ class JobService:
                 "inputs": inputs,
                 "job_name": R2V_JOB,
                 "run_config": run_config(**{SHOT_OP: ShotConfig.model_validate(config)}),
-                "then": then,
+                "then": [step.as_json() for step in then],
                 **({"extension": {"before_frames": before_frames}} if stitch is not None else {}),
             },
             dialect=spec.dialect,
@@ -583,12 +582,12 @@ class JobService:
             tags = {KIND_TAG: run_kind(job), USER_TAG: job.submitter or "api"}
             if any(tags.get(k) != v for k, v in wanted.items()):
                 continue
-            request = copy.deepcopy(job.request)
+            request = job.request.as_json()  # the new row's, from the stored one
             config = request["run_config"]["ops"][SHOT_OP]["config"]
             if seed == "new":
                 config["seed"] = secrets.randbelow(2**32)
-            elif config.get("seed") is None and (job.result or {}).get("seed") is not None:
-                config["seed"] = int(job.result["seed"])  # unseeded: keep the one the worker drew
+            elif config.get("seed") is None and job.result and job.result.seed is not None:
+                config["seed"] = job.result.seed  # unseeded: keep the one the worker drew
             self._renew_shot_memory(job, request, config)
             made_from = config.setdefault("lineage", {"inputs": {}, "derived_from": []})
             made_from["derived_from"] = sorted({*made_from.get("derived_from", []), job.version_id})
@@ -696,8 +695,8 @@ class JobService:
 
 
 def op_config(job: JobRecord, op: str = SHOT_OP) -> dict[str, Any]:
-    """One op's config in the run config the job was accepted with ({} when it has none)."""
-    return job.request.get("run_config", {}).get("ops", {}).get(op, {}).get("config") or {}
+    """One op's config as the job's row stores it ({} when it has none)."""
+    return job.request.op_config(op) or {}
 
 
 def run_kind(job: JobRecord) -> str:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.core.records import JobResult
 from api.store import JobRecord
-from contracts.runs import SHOT_OP
 from settings.api import SamplingLimits
 from shotloom.capabilities import CapabilityError, check_step_cache, check_steps
 from shotloom.config import NO_STEP_CACHE, Performance, Sampler
@@ -129,20 +129,19 @@ def job_sampling(job: JobRecord, rule_for: RuleFor) -> dict[str, Any] | None:
     what its run recorded once it succeeded (the shot's materialization), else its request as
     resolved (what it asked, else the default of its adapter's sampler, or the model's; the step
     cache: the model's default, else none)."""
-    ops = job.request.get("run_config", {}).get("ops", {})
-    if SHOT_OP not in ops:
+    shot = job.request.shot
+    if shot is None:
         return None
-    config = ops[SHOT_OP].get("config") or {}
-    result = job.result or {}
-    rule = rule_for(config.get("lora"))
-    recorded = result.get("sampler") if isinstance(result.get("sampler"), dict) else {}
-    ran_cache = result.get("step_cache") or (recorded.get("step_cache") or {}).get("name")
+    result = job.result or JobResult()
+    rule = rule_for(shot.lora)
+    recorded = result.sampler or {}
+    ran_cache = result.step_cache or (recorded.get("step_cache") or {}).get("name")
     sampling = resolve_sampling(
         rule.sampler,
         rule.performance,
-        num_inference_steps=result.get("num_inference_steps") or config.get("num_inference_steps"),
-        guidance_scale=result.get("guidance_scale", config.get("guidance_scale")),
-        step_cache=ran_cache or config.get("step_cache") or None,
+        num_inference_steps=result.num_inference_steps or shot.num_inference_steps,
+        guidance_scale=result.guidance_scale if result.guidance_scale is not None else shot.guidance_scale,
+        step_cache=ran_cache or shot.step_cache or None,
     )
     steps = sampling.num_inference_steps
     return {

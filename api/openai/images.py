@@ -18,7 +18,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from api.context import ApiContext
-from api.core.jobs import op_config
 from api.core.specs import InputRef, MemoryRef
 from api.openai.errors import OpenAIError
 from api.openai.protocol import (
@@ -207,5 +206,5 @@ class ImageServing:
 
     @staticmethod
     def _size(job: JobRecord) -> tuple[int, int]:
-        config = op_config(job)
-        return config.get("width", 0), config.get("height", 0)
+        shot = job.request.shot
+        return (shot.width or 0, shot.height or 0) if shot else (0, 0)

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from api.admin.health import missing_encoders
 from api.context import ApiContext
 from api.core.errors import EncoderMissing, InvalidField, NotFound, ServiceError, Unavailable
-from api.core.jobs import op_config
+from api.core.records import JobLive, JobResult
 from api.core.sampling import dit_calls, job_sampling
 from api.core.specs import InputRef, ShotSpec, SourceRef
 from api.core.steps import extension_before_frames
@@ -113,18 +113,22 @@ def like_source(
     """``raw`` with the source job's size, length (unless not ``length``), rate, seed and work
     where it gives none. A stitched source (an extension) is off the frame grid: its length goes
     as seconds (snapped up, at most ``max_seconds``)."""
-    config = op_config(source)
-    frames, written = config.get("num_frames"), (source.result or {}).get("frames")
+    shot = source.request.shot  # None: a film (a merge) is the source
+
+    def asked(name: str) -> Any:
+        return getattr(shot, name) if shot is not None else None
+
+    frames, fps, written = asked("num_frames"), asked("fps"), source.result.frames if source.result else None
     seconds = None
-    if length and written and frames and int(written) != frames and config.get("fps"):
-        frames, seconds = None, min(int(written) / config["fps"], max_seconds)
+    if length and written and frames and int(written) != frames and fps:
+        frames, seconds = None, min(int(written) / fps, max_seconds)
     return with_defaults(
         raw,
-        size=f"{config['width']}x{config['height']}" if config.get("width") else None,
+        size=f"{asked('width')}x{asked('height')}" if asked("width") else None,
         num_frames=frames if length else None,
         seconds=seconds,
-        fps=config.get("fps"),
-        seed=config.get("seed"),
+        fps=fps,
+        seed=asked("seed"),
         extra_params={"work_id": source.work_id},
     )
 
@@ -167,7 +171,7 @@ def _progress(job: JobRecord, steps: int | None) -> tuple[int, int | None]:
     """(progress percent, denoise steps done) from the job's stage and live progress."""
     if job.status == "succeeded":
         return 100, steps
-    prog = (job.live or {}).get("progress") or {}
+    prog = job.live.progress if job.live and isinstance(job.live.progress, dict) else {}
     total = max(1, prog.get("total", 1))
     done = min(max(0, prog.get("done", 0)), total)
     stage = job.stage
@@ -187,7 +191,7 @@ def _progress(job: JobRecord, steps: int | None) -> tuple[int, int | None]:
 
 
 def _stage_durations(job: JobRecord) -> dict[str, float]:
-    return stage_durations((job.live or {}).get("stage_times") or {}, job.finished_at)
+    return stage_durations(job.live.stage_times if job.live else {}, job.finished_at)
 
 
 def sync_headers(video: Video) -> dict[str, str]:
@@ -564,25 +568,25 @@ class VideoServing:
         return medians, per_call, whole
 
     def video(self, job: JobRecord, position: int | None = None) -> Video:
-        config = op_config(job)
-        client = job.request.get("client", {})
+        shot = job.request.shot
+        client = job.request.client
         sampling = job_sampling(job, self.jobs.sampling) or {}
         steps = sampling.get("num_inference_steps")
         progress, step = _progress(job, steps)
-        live = job.live or {}
-        frames, fps = config.get("num_frames"), config.get("fps")
-        width, height = config.get("width"), config.get("height")
-        result = job.result or {}
+        live = job.live or JobLive()
+        frames, fps = (shot.num_frames, shot.fps) if shot else (None, None)
+        width, height = (shot.width, shot.height) if shot else (None, None)
+        result = job.result or JobResult()
         before_frames = extension_before_frames(job)
-        if job.status == "succeeded" and result.get("frames") and result.get("fps"):
-            frames, fps = int(result["frames"]), int(round(float(result["fps"])))  # what was written
+        if job.status == "succeeded" and result.frames and result.fps:
+            frames, fps = int(result.frames), int(round(float(result.fps)))  # what was written
         elif before_frames and frames:
             frames += before_frames  # an extension: the stitched whole
         phase = "completed" if job.status == "succeeded" else job.stage
         eta = self._eta(job, position)
-        worker = (live.get("worker") or {}).get("name")
-        peak = result.get("peak_memory_mb")  # measured by the worker when it wrote the MP4
-        file_name = Path(str(result.get("video_url"))).name if result.get("video_url") else None
+        worker = (live.worker or {}).get("name")
+        peak = result.peak_memory_mb  # measured by the worker when it wrote the MP4
+        file_name = Path(result.media_path).name if result.media_path else None
         error = None
         if job.status == "failed":
             error = VideoError(
@@ -598,18 +602,18 @@ class VideoServing:
             expires_at=int(expires) if (expires := self.ctx.retention.expires_at(job)) else None,
             seconds=f"{frames / fps:g}" if frames and fps else "0",
             size=f"{width}x{height}" if width and height else "",
-            prompt=config.get("prompt"),
+            prompt=shot.prompt if shot else None,
             error=error,
             remixed_from_video_id=client.get("remixed_from_video_id"),
             shotloom=VideoExtension(
                 frames=frames,
                 fps=fps,
-                seed=config.get("seed"),
+                seed=shot.seed if shot else None,
                 steps=steps,
                 guidance_scale=sampling.get("guidance_scale"),
                 sampler_mode=sampling.get("mode"),
                 step_cache=sampling.get("step_cache"),
-                strength=config.get("strength") if config.get("source_video") else None,
+                strength=shot.strength if shot and shot.source_video else None,
                 step=step,
                 phase=phase,
                 eta_s=eta,
@@ -637,7 +641,7 @@ class VideoServing:
         return eta_s(
             job.status,
             job.stage,
-            job.live,
+            job.live.as_json() if job.live else None,
             medians,
             position=position,
             devices=len(self.ctx.worker_names),

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.core.jobs import op_config
+from api.core.records import JobLive
 from api.core.sampling import RuleFor, job_sampling
 from api.core.steps import first_run_id
 from api.core.views import JobViews
 from api.r2v.protocol import ArtifactResponse, VersionResponse, iso_time
 from api.store import ArtifactRecord, JobRecord, Store
-from contracts.runs import MERGE_OP
 
 # The r2v spec knows four statuses: a cancelled job (OpenAI dialect DELETE) reads as failed there.
 R2V_STATUS = {"cancelled": "failed"}
@@ -58,22 +57,22 @@ def version_response(
     base: str,
     sampling_for: RuleFor | None = None,
 ) -> VersionResponse:
-    live = job.live or {}
-    result = job.result or {}
+    live = job.live or JobLive()
+    result = job.result
     sampling = (job_sampling(job, sampling_for) if sampling_for is not None else None) or {}
     return VersionResponse(
         **task_fields(job, position, artifacts, base),
         error=job.error,
-        video_url=result.get("video_url"),
+        video_url=result.video_url(base) if result else None,
         created_at=iso_time(job.created_at),
         updated_at=iso_time(job.updated_at),
         finished_at=iso_time(job.finished_at),
         run_id=first_run_id(job),
-        stage_times=live.get("stage_times", {}),
-        progress=live.get("progress"),
-        worker=live.get("worker"),
-        result=result or None,
-        request={**job.request.get("client", {}), "inputs": job.request.get("inputs", {})},
+        stage_times=live.stage_times,
+        progress=live.progress,
+        worker=live.worker,
+        result=result.rendered(base) if result else None,
+        request={**job.request.client, "inputs": job.request.inputs},
         num_inference_steps=sampling.get("num_inference_steps"),
         guidance_scale=sampling.get("guidance_scale"),
         sampler_mode=sampling.get("mode"),
@@ -83,12 +82,13 @@ def version_response(
 
 
 def version_lineage(job: JobRecord) -> dict[str, Any]:
-    """``inputs`` and ``derived_from`` of a version, from its run config (what the run records on
-    its materializations too)."""
-    shot = op_config(job).get("lineage")
-    if shot:
-        return {"inputs": shot.get("inputs", {}), "derived_from": shot.get("derived_from", [])}
-    versions = op_config(job, MERGE_OP).get("versions", [])
+    """``inputs`` and ``derived_from`` of a version, as it asked (what the run records on its
+    materializations too)."""
+    shot, merge = job.request.shot, job.request.merge
+    if shot is not None and shot.lineage:
+        lineage = shot.lineage
+        return {"inputs": lineage.get("inputs", {}), "derived_from": lineage.get("derived_from", [])}
+    versions = merge.versions if merge is not None else []
     inputs = {
         f"shots[{i}]": {"sha256": v.split(":", 1)[1]} if v.startswith("sha256:") else {"version_id": v}
         for i, v in enumerate(versions)

@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from api.core.records import JobLive, JobRequest, JobResult, stored
 from api.store.engine import StoreEngine
 from api.store.tables import Artifact, CallbackOutbox, IdempotencyKey, Job
 
@@ -66,7 +67,7 @@ class JobRecord:
     shot_id: str | None
     job_id: str | None
     payload_hash: str
-    request: dict[str, Any]
+    request: JobRequest  # typed (api.core.records); a dict given here is read as one
     callback_url: str | None
     callback_context: dict[str, Any] | None
     status: str
@@ -78,12 +79,18 @@ class JobRecord:
     created_at: float
     updated_at: float
     finished_at: float | None
-    result: dict[str, Any] | None
-    live: dict[str, Any] | None = None
+    result: JobResult | None
+    live: JobLive | None = None
     dialect: str = "r2v"
     submitter: str | None = None
     cancel_requested_at: float | None = None
     priority: int = 0
+
+    def __post_init__(self) -> None:
+        # The JSON columns as typed records, however the record was made (a row, dataclasses.replace).
+        object.__setattr__(self, "request", JobRequest.coerce(self.request))
+        object.__setattr__(self, "result", JobResult.coerce(self.result))
+        object.__setattr__(self, "live", JobLive.coerce(self.live))
 
 
 @dataclass(frozen=True)
@@ -268,8 +275,8 @@ class JobsStore(StoreEngine):
         status: JobStatus | None = None,
         stage: str | None = None,
         error: str | None = _UNSET,
-        result: dict[str, Any] | None = _UNSET,
-        live: dict[str, Any] | None = _UNSET,
+        result: JobResult | dict[str, Any] | None = _UNSET,
+        live: JobLive | dict[str, Any] | None = _UNSET,
     ) -> JobRecord:
         """Change status/stage/error/result (arguments left out are kept). Entering succeeded or failed
         stamps ``finished_at``; a finished job is not moved back to queued/running."""
@@ -287,9 +294,9 @@ class JobsStore(StoreEngine):
             if error is not _UNSET:
                 row.error = error
             if result is not _UNSET:
-                row.result = result
+                row.result = stored(result)
             if live is not _UNSET:
-                row.live = live
+                row.live = stored(live)
             row.updated_at = now
             return job_record(row)
 
