@@ -10,7 +10,8 @@ from typing import Any
 
 import httpx
 
-from api.store import JobRecord, Store, backoff_delay
+from api.core.records import JobRecord
+from api.store import Store, backoff_delay
 from settings.api import ApiConfig
 
 log = logging.getLogger("shotloom.api")

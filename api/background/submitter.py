@@ -14,8 +14,9 @@ import time
 
 from api.background.callbacks import Callbacks
 from api.core.jobs import run_kind
+from api.core.records import JobRecord
 from api.dagster import DagsterGatewayError, DagsterUnavailable, Gateway, RunInfo, RunSubmission
-from api.store import JobRecord, Store
+from api.store import Store
 from contracts import tags
 from shotloom import stages
 

@@ -15,10 +15,10 @@ from api.background.callbacks import Callbacks
 from api.background.submitter import Submitter
 from api.background.workers import WorkerStatuses
 from api.core.jobs import VIDEO_KIND
-from api.core.records import FollowUp
+from api.core.records import ArtifactRecord, FollowUp, JobRecord
 from api.core.steps import follow_up_run, follow_ups
 from api.dagster import Gateway, RunInfo
-from api.store import ArtifactRecord, JobRecord, Store
+from api.store import Store
 from contracts import events, tags
 from contracts.outputs import RESULT_KEYS, VideoOutput, read_stills
 from settings.api import ApiConfig

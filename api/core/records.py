@@ -1,4 +1,5 @@
-"""A job's record, typed: what it asked for (:class:`JobRequest`), what it made (:class:`JobResult`)
+"""The records the store answers with (frozen: no ORM object escapes a session), and a job's
+record typed: what it asked for (:class:`JobRequest`), what it made (:class:`JobResult`)
 and what its runs report while they go (:class:`JobLive`).
 
 They are the store's three JSON columns. The on-disk shape does not change, so every row an
@@ -14,6 +15,7 @@ keeps the video's place under the media root.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -198,3 +200,77 @@ class JobLive(_JsonRecord):
     @property
     def first_run(self) -> str | None:
         return self.runs[0] if self.runs else None
+
+
+class UnknownVersion(KeyError):
+    """No job with this version id (HTTP 404)."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    version_id: str
+    kind: str
+    work_id: str
+    shot_id: str | None
+    job_id: str | None
+    payload_hash: str
+    request: JobRequest  # typed; a dict given here is read as one
+    callback_url: str | None
+    callback_context: dict[str, Any] | None
+    status: str
+    stage: str
+    error: str | None
+    run_id: str | None
+    root_run_id: str | None
+    submitted_at: float | None
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    result: JobResult | None
+    live: JobLive | None = None
+    dialect: str = "r2v"
+    submitter: str | None = None
+    cancel_requested_at: float | None = None
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        # The JSON columns as typed records, however the record was made (a row, dataclasses.replace).
+        object.__setattr__(self, "request", JobRequest.coerce(self.request))
+        object.__setattr__(self, "result", JobResult.coerce(self.result))
+        object.__setattr__(self, "live", JobLive.coerce(self.live))
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    artifact_id: str
+    version_id: str
+    work_id: str
+    shot_id: str | None
+    kind: str
+    role: str
+    path: str
+    url_path: str
+    bytes: int | None
+    sha256: str | None
+    created_at: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InputAssetRecord:
+    sha256: str
+    path: str
+    media_type: str
+    bytes: int
+    created_at: float
+
+
+@dataclass(frozen=True)
+class CharacterRecord:
+    character_id: str
+    name: str
+    image: InputAssetRecord
+    audio: InputAssetRecord | None
+    source: dict[str, Any]
+    submitter: str | None
+    created_at: float

@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from api.core.errors import TooLarge
 from api.core.jobs import JobService
-from api.store import JobRecord, Store
+from api.core.records import JobRecord
+from api.store import Store
 from settings.api import OpenAIConfig
 
 log = logging.getLogger("shotloom.api.retention")

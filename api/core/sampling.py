@@ -10,8 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.core.records import JobResult
-from api.store import JobRecord
+from api.core.records import JobRecord, JobResult
 from settings.api import SamplingLimits
 from shotloom.capabilities import CapabilityError, check_step_cache, check_steps
 from shotloom.config import NO_STEP_CACHE, Performance, Sampler

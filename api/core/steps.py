@@ -10,8 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from api.core.records import FollowUp
-from api.store import JobRecord
+from api.core.records import FollowUp, JobRecord
 from contracts.runs import MERGE_OP, STILLS_OP, MergeConfig, StillsConfig, run_config
 
 R2V_JOB = "r2v"

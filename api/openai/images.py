@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from api.context import ApiContext
+from api.core.records import JobRecord
 from api.core.specs import InputRef, MemoryRef
 from api.openai.errors import OpenAIError
 from api.openai.protocol import (
@@ -29,7 +30,6 @@ from api.openai.protocol import (
     _Strict,
 )
 from api.openai.serving import VideoServing, openai_errors
-from api.store import JobRecord
 
 IMAGE_DIALECT = "images"
 IMAGE_PREFIX = "img_"

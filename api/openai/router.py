@@ -20,6 +20,7 @@ from starlette.datastructures import UploadFile
 from api.auth import KeyRing
 from api.context import ApiContext
 from api.core.events import SSE_RESPONSES, job_events
+from api.core.records import JobRecord, UnknownVersion
 from api.deps import submitter_dependency
 from api.openai.errors import ErrorBody, OpenAIError
 from api.openai.forms import FormError, unflatten
@@ -36,7 +37,6 @@ from api.openai.protocol import (
 from api.openai.serving import VideoServing, not_found, openai_errors, sync_headers
 from api.openai.uploads import guarded_body
 from api.polls import PollRoutes
-from api.store import JobRecord, UnknownVersion
 from shotloom.media import file_sha256
 
 T = TypeVar("T")

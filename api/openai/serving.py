@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from api.admin.health import missing_encoders
 from api.context import ApiContext
 from api.core.errors import EncoderMissing, InvalidField, NotFound, ServiceError, Unavailable
-from api.core.records import JobLive, JobResult
+from api.core.records import CharacterRecord, JobLive, JobRecord, JobResult
 from api.core.sampling import dit_calls, job_sampling
 from api.core.specs import InputRef, ShotSpec, SourceRef
 from api.core.steps import extension_before_frames
@@ -40,7 +40,6 @@ from api.openai.protocol import (
     version_of,
     video_id,
 )
-from api.store import CharacterRecord, JobRecord
 from shotloom import stages
 from shotloom.capabilities import Capabilities
 from shotloom.config import Adapter

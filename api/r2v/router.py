@@ -11,6 +11,7 @@ from fastapi.responses import Response
 
 from api.context import ApiContext
 from api.core.events import SSE_RESPONSES, job_events
+from api.core.records import JobRecord
 from api.deps import submitter_dependency
 from api.polls import PollRoutes
 from api.r2v.protocol import (
@@ -23,7 +24,6 @@ from api.r2v.protocol import (
 )
 from api.r2v.serving import ApiError, R2VServing
 from api.r2v.views import artifact_response, task_fields, version_views
-from api.store import JobRecord
 
 VERSION_CACHE_SIZE = 10_000  # cached GET /version bodies; cleared when full
 _ERRORS = {401: {"description": "A missing or unknown API key."}, 404: {"description": "Unknown id."}}

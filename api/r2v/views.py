@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.core.records import JobLive
+from api.core.records import ArtifactRecord, JobLive, JobRecord
 from api.core.sampling import RuleFor, job_sampling
 from api.core.steps import first_run_id
 from api.core.views import JobViews
 from api.r2v.protocol import ArtifactResponse, VersionResponse, iso_time
-from api.store import ArtifactRecord, JobRecord, Store
+from api.store import Store
 
 # The r2v spec knows four statuses: a cancelled job (OpenAI dialect DELETE) reads as failed there.
 R2V_STATUS = {"cancelled": "failed"}

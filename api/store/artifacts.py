@@ -5,32 +5,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from api.core.records import ArtifactRecord, UnknownVersion
 from api.store.engine import StoreEngine
-from api.store.jobs import UnknownVersion
 from api.store.tables import Artifact, Job
-
-
-@dataclass(frozen=True)
-class ArtifactRecord:
-    artifact_id: str
-    version_id: str
-    work_id: str
-    shot_id: str | None
-    kind: str
-    role: str
-    path: str
-    url_path: str
-    bytes: int | None
-    sha256: str | None
-    created_at: float
-    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 def _artifact_record(row: Artifact) -> ArtifactRecord:

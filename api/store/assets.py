@@ -4,33 +4,13 @@ whose files are input assets)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
+from api.core.records import CharacterRecord, InputAssetRecord
 from api.store.engine import StoreEngine
 from api.store.tables import Character, InputAsset
-
-
-@dataclass(frozen=True)
-class InputAssetRecord:
-    sha256: str
-    path: str
-    media_type: str
-    bytes: int
-    created_at: float
-
-
-@dataclass(frozen=True)
-class CharacterRecord:
-    character_id: str
-    name: str
-    image: InputAssetRecord
-    audio: InputAssetRecord | None
-    source: dict[str, Any]
-    submitter: str | None
-    created_at: float
 
 
 def _asset_record(row: InputAsset) -> InputAssetRecord:

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api.core.records import JobLive, JobRequest, JobResult, stored
+from api.core.records import JobLive, JobRecord, JobResult, UnknownVersion, stored
 from api.store.engine import StoreEngine
 from api.store.tables import Artifact, CallbackOutbox, IdempotencyKey, Job
 
@@ -39,10 +39,6 @@ class IdempotencyConflict(Exception):
         self.version_id = version_id
 
 
-class UnknownVersion(KeyError):
-    """No job with this version id (HTTP 404)."""
-
-
 @dataclass(frozen=True)
 class NewJob:
     kind: JobKind
@@ -57,40 +53,6 @@ class NewJob:
     dialect: str = "r2v"  # the HTTP dialect that created the job: 'r2v' or 'openai'
     submitter: str | None = None  # the submitting API key's name
     priority: int = 0  # higher runs first (re-renders go below interactive requests)
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    version_id: str
-    kind: str
-    work_id: str
-    shot_id: str | None
-    job_id: str | None
-    payload_hash: str
-    request: JobRequest  # typed (api.core.records); a dict given here is read as one
-    callback_url: str | None
-    callback_context: dict[str, Any] | None
-    status: str
-    stage: str
-    error: str | None
-    run_id: str | None
-    root_run_id: str | None
-    submitted_at: float | None
-    created_at: float
-    updated_at: float
-    finished_at: float | None
-    result: JobResult | None
-    live: JobLive | None = None
-    dialect: str = "r2v"
-    submitter: str | None = None
-    cancel_requested_at: float | None = None
-    priority: int = 0
-
-    def __post_init__(self) -> None:
-        # The JSON columns as typed records, however the record was made (a row, dataclasses.replace).
-        object.__setattr__(self, "request", JobRequest.coerce(self.request))
-        object.__setattr__(self, "result", JobResult.coerce(self.result))
-        object.__setattr__(self, "live", JobLive.coerce(self.live))
 
 
 @dataclass(frozen=True)
