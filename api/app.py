@@ -21,6 +21,7 @@ from api.admin.media import media_router
 from api.admin.queue import operator_router
 from api.context import ApiContext
 from api.deps import submitter_dependency
+from api.errors import ApiError
 from api.openai.errors import (
     OpenAIError,
     http_error,
@@ -34,7 +35,6 @@ from api.openapi import install as install_openapi
 from api.polls import PollFastPath, PollRoutes
 from api.r2v.protocol import validation_error_body
 from api.r2v.router import r2v_router
-from api.r2v.serving import ApiError
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
@@ -75,7 +75,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _r2v_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(_request: Request, exc: OpenAIError) -> JSONResponse:

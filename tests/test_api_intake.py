@@ -11,8 +11,9 @@ import pytest
 from PIL import Image
 
 from api.core.jobs import JobService
+from api.errors import ApiError
 from api.r2v.protocol import MergeRequest, R2VRequest
-from api.r2v.serving import ApiError, R2VServing
+from api.r2v.serving import R2VServing
 from api.r2v.views import version_response
 from api.store import Store
 from settings.api import ApiConfig

@@ -19,8 +19,30 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
 from api.context import ApiContext
+from api.core.errors import (
+    BodyTimeout,
+    Conflict,
+    InvalidField,
+    NotFound,
+    NotReady,
+    QueueFull,
+    Unavailable,
+)
 from api.deps import submitter_dependency
-from api.r2v.serving import ApiError, r2v_errors
+from api.errors import ApiError, StatusTable, status_table_errors
+
+# The r2v table but for a full queue: 429 with Retry-After (a batch trigger waits and tries again;
+# the server is not at fault).
+_STATUS: StatusTable = (
+    (InvalidField, 422),
+    (NotFound, 404),
+    (Conflict, 409),
+    (NotReady, 409),
+    (QueueFull, 429),
+    (Unavailable, 503),
+    (BodyTimeout, 408),
+)
+queue_errors = status_table_errors(_STATUS)
 
 
 class PriorityRequest(BaseModel):
@@ -102,7 +124,7 @@ def operator_router(ctx: ApiContext) -> APIRouter:
         body: PriorityRequest,
         who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request
     ) -> dict[str, Any]:
-        with r2v_errors():
+        with queue_errors():
             job = await run_in_threadpool(ctx.jobs.set_priority, version_id, body.priority, who)
         return {
             "version_id": job.version_id,
@@ -118,7 +140,7 @@ def operator_router(ctx: ApiContext) -> APIRouter:
         """A new version of every matching shot, from the same request and inputs (its newest
         success), queued below interactive work; the runs carry ``shotloom/rerender: <reason>``."""
         key = body.key or uuid.uuid4().hex
-        with r2v_errors():
+        with queue_errors():
             accepted = await run_in_threadpool(
                 ctx.jobs.rerender,
                 body.works,

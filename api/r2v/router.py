@@ -13,6 +13,7 @@ from api.context import ApiContext
 from api.core.events import SSE_RESPONSES, job_events
 from api.core.records import JobRecord
 from api.deps import submitter_dependency
+from api.errors import ApiError
 from api.polls import PollRoutes
 from api.r2v.protocol import (
     CALLBACK_HEADER,
@@ -22,7 +23,7 @@ from api.r2v.protocol import (
     R2VRequest,
     VersionResponse,
 )
-from api.r2v.serving import ApiError, R2VServing
+from api.r2v.serving import R2VServing
 from api.r2v.views import artifact_response, task_fields, version_views
 
 VERSION_CACHE_SIZE = 10_000  # cached GET /version bodies; cleared when full
