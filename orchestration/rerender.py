@@ -17,6 +17,7 @@ from dagster import (
     DefaultScheduleStatus,
     DefaultSensorStatus,
     OpExecutionContext,
+    RetryRequested,
     RunRequest,
     ScheduleEvaluationContext,
     SensorEvaluationContext,
@@ -47,6 +48,10 @@ class RerenderConfig(Config):
     requested_by: str = Field(default="launchpad", description='The runs\' "launched by".')
 
 
+FULL_QUEUE_RETRIES = 30  # a full queue drains in minutes; a tick that cannot get in gives up then
+FULL_QUEUE_WAIT_S = 60  # when the API gives no Retry-After
+
+
 @op
 def rerender_op(context: OpExecutionContext, config: RerenderConfig) -> None:
     """Ask the API for the re-renders (each new version is logged on this run). No output: the
@@ -57,6 +62,12 @@ def rerender_op(context: OpExecutionContext, config: RerenderConfig) -> None:
     key = os.environ.get(API_KEY_ENV)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     answer = httpx.post(f"{url}/queue/rerender", json=config.model_dump(), headers=headers, timeout=60)
+    if answer.status_code == 429:
+        # The r2v queue is full: ask again when the API says (the same key queues nothing twice,
+        # so the shots already queued by this tick stay as they are).
+        wait = int(answer.headers.get("Retry-After", FULL_QUEUE_WAIT_S))
+        context.log.info(f"the queue is full; asking again in {wait} s: {answer.json().get('error')}")
+        raise RetryRequested(max_retries=FULL_QUEUE_RETRIES, seconds_to_wait=wait)
     answer.raise_for_status()
     accepted = answer.json()["accepted"]
     for a in accepted:

@@ -110,3 +110,42 @@ def test_the_checkpoint_sensor_rerenders_shots_made_with_another_checkpoint(tmp_
     [sensor] = sensors_for(on, "wan:new")
     assert sensor.name == CHECKPOINT_SENSOR
     assert sensors_for(None, "wan:new") == []
+
+
+def test_a_tick_that_meets_a_full_queue_asks_again_when_the_api_says(monkeypatch):
+    """The API answers a full queue 429 with Retry-After: the tick's op waits that long and asks
+    again with the same key (a Dagster op retry), rather than failing the run."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    import pytest
+    from dagster import RetryRequested, build_op_context
+
+    from orchestration.rerender import API_URL_ENV, RerenderConfig, rerender_op
+
+    asked: list[dict] = []
+
+    class Full(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's naming
+            asked.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            body = json.dumps({"error": "the r2v queue is full (1 queued, limit 1)"}).encode()
+            self.send_response(429)
+            self.send_header("Retry-After", "7")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Full)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv(API_URL_ENV, f"http://127.0.0.1:{server.server_port}")
+    try:
+        with pytest.raises(RetryRequested) as retry:
+            rerender_op(build_op_context(), RerenderConfig(works=["w"], key="nightly:2026-12-06"))
+    finally:
+        server.shutdown()
+    assert retry.value.seconds_to_wait == 7 and retry.value.max_retries > 0
+    assert asked == [{**asked[0], "works": ["w"], "key": "nightly:2026-12-06"}]
