@@ -285,7 +285,7 @@ def test_previous_release_state_upgrades_in_place(db_url):
 def test_fresh_store_is_at_head_and_matches_the_models(db_url):
     store = Store(db_url)
     try:
-        assert _revisions(store) == (migrations.head(),) == ("0004_job_priority",)
+        assert _revisions(store) == (migrations.head(),) == ("0005_change_counters",)
         assert _schema_diffs(store) == []
         job = store.accept(NewJob(kind="merge", work_id="w", request={}, payload_hash="h")).job
         assert (job.dialect, job.submitter, job.cancel_requested_at) == ("r2v", None, None)
@@ -305,6 +305,31 @@ def test_baseline_revision_is_the_previous_release_schema(db_url):
         with store.engine.begin() as conn:  # and from there to head: the models
             assert migrations.upgrade(conn)
         assert _schema_diffs(store) == []
+    finally:
+        store.close()
+
+
+def test_a_state_at_the_previous_revision_upgrades_with_its_jobs_counted(db_url):
+    """The release before 0005_change_counters left its jobs without change counters: the upgrade
+    keeps every row and gives each job its counter (and the queues theirs), so a write to an old
+    job invalidates the views every API process cached of it."""
+    _write_previous_release(db_url)
+    old = Store(db_url, create=False)
+    try:
+        with old.engine.begin() as conn:  # where the previous release left its state: 0004
+            cfg = migrations.alembic_config(conn)
+            command.stamp(cfg, migrations.BASELINE)
+            command.upgrade(cfg, "0004_job_priority")
+    finally:
+        old.close()
+    store = Store(db_url)
+    try:
+        assert _revisions(store) == (migrations.head(),)
+        _assert_previous_rows_intact(store)
+        assert _schema_diffs(store) == []
+        assert store.changes(VID) == (1, 1)
+        store.update_status(VID, stage="kept")
+        assert store.changes(VID) == (2, 1)
     finally:
         store.close()
 

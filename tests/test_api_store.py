@@ -454,3 +454,114 @@ def test_a_queued_body_never_shows_no_position(store):
     store.queue_positions = lambda: {}
     body = json.loads(views.get(v))
     assert (body["status"], body["queue_position"]) == ("queued", 1)
+
+
+def test_a_write_through_one_store_reaches_the_views_another_process_cached(db_url):
+    """Two API processes on one store, each with its cached GET /version bodies (here two Stores in
+    one test): a write through one, to a job's row, its artifacts or the queue, is in the other's
+    next body (the change counters live in the database); while nothing changes, the other answers
+    from its cache."""
+    import json
+
+    from api.r2v.views import version_views
+
+    writer, reader = Store(db_url), Store(db_url)
+    try:
+        views = version_views(reader, "http://api", 100)
+
+        def body(v: str) -> dict:
+            return json.loads(views.get(v))
+
+        ids = [writer.accept(_job(shot_id=f"s{i}")).version_id for i in range(2)]
+        assert [body(v)["queue_position"] for v in ids] == [1, 2]
+        assert views.get(ids[1]) is views.get(ids[1])  # the cached body, not rendered again
+
+        progress = {"stage": "validating", "done": 1, "total": 2}
+        writer.update_status(ids[1], live={"progress": progress})
+        assert body(ids[1])["progress"] == progress and views.get(ids[0]) is views.get(ids[0])
+        writer.set_priority(ids[1], 5)  # the queue's order
+        assert [body(v)["queue_position"] for v in ids] == [2, 1]
+        writer.update_status(ids[1], status="running", stage="claimed")  # leaves the queue
+        assert (body(ids[1])["status"], body(ids[0])["queue_position"]) == ("running", 1)
+        writer.add_artifact(ids[1], kind="video", role="output", path="r2v/a.mp4", url_path="/media/a.mp4")
+        assert [a["url"] for a in body(ids[1])["artifacts"]] == ["http://api/media/a.mp4"]
+        newer = writer.accept(_job(shot_id="s9")).version_id  # enters the queue
+        assert body(newer)["queue_position"] == 2
+        writer.delete_job(ids[0])  # leaves it, and the store
+        assert views.get(ids[0]) is None and body(newer)["queue_position"] == 1
+        assert reader.changes(ids[0])[0] is None
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_every_write_to_a_job_or_its_artifacts_bumps_its_change_counter_only(store):
+    """The counters a cached view compares: the version's on every write to its row or artifacts
+    (committed with the write, gone with the job), the queues' when one's membership or order moves."""
+    v, other = (store.accept(_job(shot_id=s)).version_id for s in ("a", "b"))
+    seen = [store.changes(v)]
+
+    def moved(version: bool, queue: bool) -> bool:
+        now = store.changes(v)
+        before, seen[0] = seen[0], now
+        return (now[0] != before[0], now[1] != before[1]) == (version, queue)
+
+    assert seen[0][0] is not None and store.changes("missing")[0] is None
+    store.update_status(other, stage="validating")
+    assert moved(False, False)
+    store.update_status(v, live={"progress": {"done": 1}})
+    assert moved(True, False)
+    store.set_priority(v, 3)
+    assert moved(True, True)
+    store.mark_submitted(v, "run-1")
+    assert moved(True, False)
+    store.request_cancel(v)
+    assert moved(True, False)
+    store.add_artifact(v, kind="video", role="output", path="o.mp4", url_path="/o")
+    assert moved(True, False)
+    store.update_status(v, status="running")
+    assert moved(True, True)
+    store.enqueue_callback(v, "http://cb", {})  # not in a view
+    assert moved(False, False)
+    with pytest.raises(UnknownVersion):
+        store.update_status("missing", stage="x")  # rolled back: nothing counted
+    assert moved(False, False)
+    store.delete_job(v)
+    assert store.changes(v)[0] is None
+
+
+def test_a_turn_of_the_event_loop_looks_for_commits_once(tmp_path):
+    """The cached bodies one turn of the event loop answers share one look at whether anything was
+    committed (SQLite's data_version) and read no counter while nothing was; a write through another
+    store is in the next turn's bodies (their requests arrived after it)."""
+    import asyncio
+    import json
+
+    from api.r2v.views import version_views
+
+    url = ApiConfig().resolved_database_url(tmp_path / "state")
+    writer, reader = Store(url), Store(url)
+    try:
+        ids = [writer.accept(_job(shot_id=f"s{i}")).version_id for i in range(2)]
+        views = version_views(reader, "http://api", 100)
+        looks: list[str] = []
+        commit_mark, changes = reader.commit_mark, reader.changes
+        reader.commit_mark = lambda: looks.append("mark") or commit_mark()
+        reader.changes = lambda v: looks.append(v) or changes(v)
+
+        async def turns() -> None:
+            first = [views.get(v) for v in ids]
+            assert looks == ["mark", *ids]
+            await asyncio.sleep(0)
+            looks.clear()
+            assert [views.get(v) for v in ids] == first and looks == ["mark"]
+            writer.update_status(ids[0], live={"progress": {"done": 1}})
+            await asyncio.sleep(0)
+            looks.clear()
+            assert json.loads(views.get(ids[0]))["progress"] == {"done": 1}
+            assert views.get(ids[1]) is first[1] and looks == ["mark", *ids]
+
+        asyncio.run(turns())
+    finally:
+        writer.close()
+        reader.close()

@@ -10,8 +10,8 @@ information even if it missed intermediate events.
 Event ids are the job's last write time in milliseconds (stored, so they survive an API restart).
 A client that reconnects with ``Last-Event-ID`` gets the view again only when the job has changed
 since; one that already saw ``done`` gets ``204 No Content``, which tells an ``EventSource`` to stop
-reconnecting. The stream reads the cached views the pollers use and the store's in-memory change
-stamps: an idle stream costs a dictionary lookup per tick.
+reconnecting. The stream reads the cached views the pollers use and the store's change counters:
+an idle stream costs one indexed read per tick.
 """
 
 from __future__ import annotations
@@ -71,12 +71,12 @@ async def _stream(
     render: Callable[[], str | None],
     last_seen: int | None,
 ) -> AsyncIterator[str]:
-    seen: tuple[int, int] | None = None  # (version stamp, queue generation) last rendered
+    seen: tuple[int | None, int] | None = None  # (version's, queues' change counters) last rendered
     sent: str | None = None
     quiet_since = time.monotonic()
     yield "retry: 1000\n\n"
     while not await request.is_disconnected():
-        changed = (store.version_stamp(version_id), store.queue_generation)
+        changed = store.changes(version_id)
         if changed != seen:
             seen = changed
             job = store.get(version_id)

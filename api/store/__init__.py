@@ -10,10 +10,11 @@ Dagster's run storage stays the source of truth for runs; this store maps the se
 the artifact index the HTTP routes answer from, stored input resources and pending callbacks.
 
 One module a domain, each a part of :class:`Store` over the same engine and sessions (``engine``):
-``tables`` (the ORM models, the schema Alembic migrates to), ``jobs`` (accept, submission, status,
-cancel, delete), ``queue`` (positions, priorities, one job's view), ``history`` (pages of jobs,
-retention's and timing's reads), ``artifacts``, ``assets`` (input assets and characters) and
-``outbox`` (callback deliveries).
+``tables`` (the ORM models, the schema Alembic migrates to), ``changes`` (the change counters cached
+views compare, kept in the database), ``jobs`` (accept, submission, status, cancel, delete),
+``queue`` (positions, priorities, one job's view), ``history`` (pages of jobs, retention's and
+timing's reads), ``artifacts``, ``assets`` (input assets and characters) and ``outbox`` (callback
+deliveries).
 """
 
 from __future__ import annotations

@@ -1,20 +1,19 @@
 """The store's engine: one SQLAlchemy engine per URL (SQLite pragmas and locking, or PostgreSQL),
 the schema brought to Alembic's head at start, the short read and write transactions every
-method runs in, and what committed writes changed (for readers that cache views)."""
+method runs in (a write counts what it changed: :mod:`api.store.changes`)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, inspect, text
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.store.tables import Artifact, Job
+from api.store.changes import ChangeReader, Changes, count_changes, note_changes
 
 _READ_OPTION = "shotloom_read_only"
 
@@ -50,30 +49,6 @@ def _sqlite_engine(url: str, busy_timeout_s: float) -> Engine:
 _SCHEMA_LOCK_KEY = 0x5_4071_00A1
 
 
-_TOUCHED, _QUEUE_CHANGED = "shotloom_touched_versions", "shotloom_queue_changed"
-_MAX_STAMPS = 100_000
-
-
-def _note_changes(session: Session, _flush_context: Any) -> None:
-    """after_flush: which job versions this write touched, and whether a queue's membership
-    changed (its positions). The session's new/dirty/deleted sets and attribute history still
-    show the flushed changes here."""
-    touched: set[str] = session.info.setdefault(_TOUCHED, set())
-    for obj in (*session.new, *session.dirty, *session.deleted):
-        if isinstance(obj, Job):
-            touched.add(obj.version_id)
-            if obj in session.new or obj in session.deleted:
-                session.info[_QUEUE_CHANGED] = True
-            else:
-                history = inspect(obj).attrs.status.history
-                if "queued" in (*history.added, *history.deleted):
-                    session.info[_QUEUE_CHANGED] = True
-                if inspect(obj).attrs.priority.history.has_changes():  # the queue's order moved
-                    session.info[_QUEUE_CHANGED] = True
-        elif isinstance(obj, Artifact):
-            touched.add(obj.version_id)
-
-
 def _search_path_schema(url: str) -> str | None:
     """The first schema a PostgreSQL URL puts on its search_path (``options=-c search_path=x``)."""
     import re
@@ -89,21 +64,16 @@ class StoreEngine:
 
     def __init__(self, url: str, *, busy_timeout_s: float = 30.0, create: bool = True):
         self.url = url
-        # What committed writes changed, for readers that cache (api.core.views.JobViews): a stamp
-        # per job version and a generation of queue membership. The API process is the store's
-        # only writer, so a view read under unchanged stamps is still current.
-        self.queue_generation = 0
-        self._stamps: dict[str, int] = {}
-        self._writes = 0
-        self._stamp_floor = 0  # the stamp of versions not in _stamps (bounded: cleared when large)
-        self._stamp_lock = threading.Lock()
         if make_url(url).get_backend_name() == "sqlite":
             self.engine = _sqlite_engine(url, busy_timeout_s)
         else:
             self.engine = create_engine(url, pool_pre_ping=True)
         self._read_engine = self.engine.execution_options(**{_READ_OPTION: True})
         self._write_sessions = sessionmaker(self.engine, expire_on_commit=False)
-        event.listen(self._write_sessions, "after_flush", _note_changes)
+        # What each write changed is counted in the database, in the write's own transaction, so
+        # readers that cache (api.core.views.JobViews) see any process's writes (api.store.changes).
+        event.listen(self._write_sessions, "after_flush", note_changes)
+        self._changes = ChangeReader(self.engine)
         if create:
             self.create_schema()
 
@@ -146,31 +116,25 @@ class StoreEngine:
             migrations.upgrade(conn)
 
     def close(self) -> None:
+        self._changes.close()
         self.engine.dispose()
 
     @contextmanager
     def _write(self) -> Iterator[Session]:
-        session = self._write_sessions()
-        try:
-            with session, session.begin():
-                yield session
-        finally:
-            self._publish(session.info)  # after the commit (or rollback): cached views are stale now
+        with self._write_sessions() as session, session.begin():
+            yield session
+            session.flush()
+            count_changes(session)  # committed with the write, or rolled back with it
 
-    def _publish(self, changes: dict[str, Any]) -> None:
-        with self._stamp_lock:
-            self._writes += 1
-            if len(self._stamps) >= _MAX_STAMPS:
-                self._stamps.clear()
-                self._stamp_floor = self._writes - 1  # nothing unstamped changed after it
-            for version_id in changes.get(_TOUCHED, ()):
-                self._stamps[version_id] = self._writes
-            if changes.get(_QUEUE_CHANGED):
-                self.queue_generation += 1
+    def changes(self, version_id: str) -> Changes:
+        """The version's change counter (None: no such version) and the queues' (read them before
+        what they cover: a write in between then costs one more read, never a stale answer)."""
+        return self._changes.read(version_id)
 
-    def version_stamp(self, version_id: str) -> int:
-        """Changes when a write touches the version's job row or artifacts (read it before them)."""
-        return self._stamps.get(version_id, self._stamp_floor)
+    def commit_mark(self) -> int | None:
+        """A number that changes whenever anything is committed (None: the backend has none): while
+        it stays the same, every change counter does (see ``ChangeReader.commit_mark``)."""
+        return self._changes.commit_mark()
 
     @contextmanager
     def _read(self) -> Iterator[Session]:

@@ -122,3 +122,14 @@ class CallbackOutbox(Base):
     delivered_at: Mapped[float | None] = mapped_column(Float)
 
     __table_args__ = (Index("ix_outbox_due", "status", "next_attempt_at"),)
+
+
+class Change(Base):
+    """A change counter (api.store.changes): one row a job version, bumped by every write to its row
+    or its artifacts, and one for the queues (subject ':queue'), bumped when their membership or
+    order changes. Cached views compare them, so any process's write invalidates every cache."""
+
+    __tablename__ = "changes"
+
+    subject: Mapped[str] = mapped_column(String(32), primary_key=True)  # a version id, or ':queue'
+    counter: Mapped[int] = mapped_column(BigInteger)
