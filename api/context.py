@@ -10,7 +10,7 @@ from api.auth import KeyRing
 from api.background import Background
 from api.core.jobs import JobService
 from api.core.retention import Retention
-from api.dagster import DagsterGateway
+from api.dagster import Gateway
 from api.store import Store
 from settings.api import ApiConfig
 from shotloom.config import InferenceConfig
@@ -20,7 +20,7 @@ from shotloom.config import InferenceConfig
 class ApiContext:
     api: ApiConfig
     store: Store
-    gateway: DagsterGateway
+    gateway: Gateway
     background: Background  # submits, follows runs, delivers callbacks, reads workers
     jobs: JobService
     media_root: Path

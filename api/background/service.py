@@ -13,7 +13,7 @@ from api.background.callbacks import Callbacks
 from api.background.submitter import Submitter
 from api.background.tracker import Tracker
 from api.background.workers import WorkerStatuses
-from api.dagster import DagsterGateway, DagsterUnavailable
+from api.dagster import DagsterUnavailable, Gateway
 from api.store import Store
 from orchestration.registry import WorkerRegistry
 from settings.api import ApiConfig
@@ -26,7 +26,7 @@ class Background:
     def __init__(
         self,
         store: Store,
-        gateway: DagsterGateway,
+        gateway: Gateway,
         api: ApiConfig,
         registry: WorkerRegistry | None,
         poll_seconds: float = 0.5,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from api.core.errors import Unavailable
-from api.dagster import DagsterGateway, DagsterGatewayError
+from api.dagster import DagsterGatewayError, Gateway
 from contracts.runs import REFERENCE_OP, ReferenceConfig, run_config
 from contracts.tags import KIND_TAG, PRIORITY_TAG, USER_TAG
 from shotloom.media_store import LocalMediaStore
@@ -75,7 +75,7 @@ class ReferenceTaker(Protocol):
 class MediaWorkerReferences:
     """A ``reference`` run on a media worker (its own queue limit: never behind a generation)."""
 
-    def __init__(self, gateway: DagsterGateway, media: LocalMediaStore, timeout_s: float):
+    def __init__(self, gateway: Gateway, media: LocalMediaStore, timeout_s: float):
         self.gateway = gateway
         self.media = media
         self.timeout_s = timeout_s

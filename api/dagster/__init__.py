@@ -1,11 +1,13 @@
 """The API's only way to Dagster: GraphQL against the webserver (DESIGN.md "Layers").
 
+``protocol`` Gateway: what the API asks of Dagster (a Protocol; DagsterGateway answers it)
 ``gateway``  DagsterGateway: submit, read runs/events/materializations, terminate, queue counts
 ``queries``  the GraphQL documents it sends
 ``types``    what it answers (plain dataclasses) and its errors
 """
 
 from api.dagster.gateway import DagsterGateway, metadata_value, own_error
+from api.dagster.protocol import Gateway
 from api.dagster.types import (
     FINISHED_STATUSES,
     RUN_STATUSES,
@@ -29,6 +31,7 @@ __all__ = [
     "DagsterGatewayError",
     "DagsterUnavailable",
     "EngineEvent",
+    "Gateway",
     "Materialization",
     "RunInfo",
     "RunSubmission",
