@@ -16,10 +16,11 @@ from dagster import DagsterInstance
 from api.app import create_app
 from api.auth import load_keys
 from api.background import Background
+from api.background.workers import WorkerStatuses
 from api.context import ApiContext
 from api.core.jobs import JobService
 from api.core.references import MediaWorkerReferences
-from api.dagster import DagsterGateway
+from api.dagster import DagsterGateway, Gateway
 from api.store import Store
 from orchestration.registry import WorkerRegistry
 from settings.server import ServerConfig
@@ -27,14 +28,23 @@ from shotloom.config import REPO_ROOT, load_inference_config
 from shotloom.media_store import LocalMediaStore
 
 
-def build_context(cfg: ServerConfig) -> ApiContext:
+def build_context(
+    cfg: ServerConfig, gateway: Gateway | None = None, workers: WorkerStatuses | None = None
+) -> ApiContext:
+    """The API of ``cfg``; ``gateway`` and ``workers`` default to Dagster's webserver (GraphQL) and
+    the workers registered in its storage (tests pass in-process ones)."""
     api = cfg.api
     store = Store(cfg.service_store_url())
-    web = cfg.webserver
-    gateway = DagsterGateway("127.0.0.1" if web.host in ("0.0.0.0", "::") else web.host, web.port)
-    # The worker registry lives in Dagster's storage (shared by every host); the API reads it there.
-    registry = WorkerRegistry(DagsterInstance.from_config(str(cfg.dagster_home)).run_storage)
-    background = Background(store, gateway, api, registry, poll_seconds=api.follow_interval_seconds)
+    if gateway is None:
+        web = cfg.webserver
+        gateway = DagsterGateway("127.0.0.1" if web.host in ("0.0.0.0", "::") else web.host, web.port)
+    registry = None
+    if workers is None:
+        # The worker registry lives in Dagster's storage (shared by every host); the API reads it there.
+        registry = WorkerRegistry(DagsterInstance.from_config(str(cfg.dagster_home)).run_storage)
+    background = Background(
+        store, gateway, api, registry, poll_seconds=api.follow_interval_seconds, workers=workers
+    )
     inference = load_inference_config(cfg.inference_config())
     jobs = JobService(
         store,

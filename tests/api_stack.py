@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,6 +103,44 @@ class ApiStack:
         path = self.state / "logs" / f"{name}.log" if name else self.state / "server.out"
         return path.read_text()[-6000:] if path.exists() else f"(no {path.name})"
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        self.client.close()
+        stop_server(self.proc)
+
+
+@dataclass
+class InProcessStack(ApiStack):
+    """The API served in the test process (uvicorn on a thread, its background threads started by
+    the app's lifespan) on a real SQLite store, reaching Dagster through :class:`InProcessDagster`
+    (its runs executed in this process): no server.py, webserver, daemon or worker process."""
+
+    dagster: Any = None  # InProcessDagster
+    server: Any = None  # uvicorn.Server
+    thread: threading.Thread | None = None
+    log_handler: logging.Handler | None = None
+    log_level: int = logging.WARNING  # the root logger's, before the stack logged at INFO
+
+    def gateway(self):
+        """The API's own gateway (Dagster as the API and an operator's tool read it)."""
+        return self.dagster
+
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def stop(self) -> None:
+        """Stop serving (the lifespan stops the background threads), then the lanes (a running
+        run is interrupted); the API's log closed."""
+        self.client.close()
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+        self.dagster.close()
+        logging.getLogger().removeHandler(self.log_handler)
+        logging.getLogger().setLevel(self.log_level)
+        self.log_handler.close()
+
 
 def write_server_yaml(
     root: Path,
@@ -136,7 +176,7 @@ def launch(config: Path, state: Path, authorization: str | None = None) -> ApiSt
 
 def wait_ready(stack: ApiStack, timeout: float = 150, interval: float = 1) -> ApiStack:
     def ready():
-        assert stack.proc.poll() is None, stack.log() + stack.log("api")
+        assert stack.alive(), stack.log() + stack.log("api")
         try:
             return stack.get("/health").status_code == 200
         except httpx.HTTPError:
@@ -156,15 +196,68 @@ def start_api_stack(
     authorization: str | None = None,
     sampler: dict | None = None,
     performance: dict | None = None,
+    in_process: bool = False,
     **extra,
 ) -> ApiStack:
+    """server.py on a new server YAML; ``in_process``: the API alone, in this process, on the
+    in-process Dagster (:func:`serve_in_process`; one device worker unless ``workers`` says)."""
+    if in_process:
+        extra = {"workers": 1, **extra}
     config, state = write_server_yaml(root, checkpoint, api, sampler, performance, **extra)
+    if in_process:
+        return wait_ready(serve_in_process(config, state, authorization), interval=0.2)
     return wait_ready(launch(config, state, authorization))
 
 
 def stop_api_stack(stack: ApiStack) -> None:
-    stack.client.close()
-    stop_server(stack.proc)
+    stack.stop()
+
+
+def serve_in_process(config: Path, state: Path, authorization: str | None = None) -> InProcessStack:
+    """The app ``python -m api`` builds from ``config`` (:func:`api.__main__.build_context`), with
+    :class:`InProcessDagster` for Dagster and its lanes for the workers, served by uvicorn on a
+    thread over real HTTP (the app's lifespan starts the background threads); the API's log, at
+    INFO as ``python -m api`` logs, in ``<state>/logs/api.log``."""
+    import uvicorn
+    from inprocess_dagster import InProcessDagster
+
+    from api.__main__ import build_context
+    from api.app import create_app
+    from settings.server import ServerConfig
+
+    cfg = ServerConfig.load(config)
+    (state / "logs").mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(state / "logs" / "api.log")
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root_level = logging.getLogger().level
+    logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(logging.INFO)
+    dagster = InProcessDagster(cfg)
+    ctx = build_context(cfg, gateway=dagster, workers=dagster.workers)
+    dagster.on_run_ended = ctx.background.run_ended  # as a worker's POST /internal/run-ended does
+    dagster.start()
+    app = create_app(ctx)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=cfg.api.host, port=cfg.api.port, log_config=None, access_log=cfg.api.access_log
+        )
+    )
+    thread = threading.Thread(target=server.run, name="api-uvicorn", daemon=True)
+    thread.start()
+    headers = {"Authorization": f"Bearer {authorization}"} if authorization else {}
+    return InProcessStack(
+        None,  # no process
+        config,
+        state,
+        cfg.api.base_url(),
+        httpx.Client(timeout=30, headers=headers),
+        dagster=dagster,
+        server=server,
+        thread=thread,
+        log_handler=handler,
+        log_level=root_level,
+    )
 
 
 def kill_everything(stack: ApiStack) -> None:

@@ -361,6 +361,26 @@ def test_own_error_reads_the_cause_chain():
     assert own_error({"message": "worker lost", "className": "Exception"}) == "worker lost"
 
 
+def test_the_graphql_gateway_and_the_in_process_one_answer_the_same_protocol():
+    """The API reaches Dagster through api.dagster.Gateway only; the serving tests' in-process
+    gateway (tests/inprocess_dagster.py) answers each of its methods with the same parameters."""
+    import inspect
+
+    from inprocess_dagster import InProcessDagster
+
+    from api.dagster import Gateway
+
+    methods = [n for n, f in vars(Gateway).items() if inspect.isfunction(f) and not n.startswith("_")]
+    assert len(methods) == 11, methods
+
+    def parameters(cls, name: str) -> list[tuple[str, object]]:
+        return [(p.name, p.default) for p in inspect.signature(getattr(cls, name)).parameters.values()]
+
+    for name in methods:
+        for impl in (DagsterGateway, InProcessDagster):
+            assert parameters(impl, name) == parameters(Gateway, name), (impl, name)
+
+
 def test_terminate_long_run(gateway, webserver):
     _, log_path = webserver
     run_id = gateway.submit("slow_job", {}, {"shotloom/version": uuid.uuid4().hex})

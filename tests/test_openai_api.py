@@ -1,9 +1,13 @@
 """The OpenAI-compatible video API (/v1), driven by the official ``openai`` SDK and by raw HTTP,
-on the whole stack started by server.py (2 CPU workers, the tiny Wan checkpoint sampled natively,
-as its authors would: its own UniPC scheduler, 3 steps by default; a distill adapter samples dmd).
+on the tiny Wan checkpoint sampled natively, as its authors would (its own UniPC scheduler, 3 steps
+by default; a distill adapter samples dmd).
 
-One stack for the module; tests run in file order. Every finished video is downloaded and decoded
-back (MP4 with PyAV, stills with Pillow).
+The API is served in the test process on the in-process Dagster gateway (``inprocess_dagster``:
+runs executed for real on one device and the media lanes), one stack for the module; tests run in
+file order. What only real worker processes show (a worker surviving a cancel with its weights,
+each worker loading the base weights once) runs at the end on the whole stack started by
+server.py (2 CPU workers). Every finished video is downloaded and decoded back (MP4 with PyAV,
+stills with Pillow).
 """
 
 from __future__ import annotations
@@ -43,11 +47,10 @@ def data_url(seed: int = 0) -> str:
     return "data:image/png;base64," + base64.b64encode(png_bytes(seed)).decode()
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, wan_checkpoint) -> ApiStack:
+def stack_options(root, wan_checkpoint) -> dict:
+    """The server YAML's choices (and the key the client sends) of both stacks below."""
     from shotloom.families.weights import build_tiny_lora
 
-    root = tmp_path_factory.mktemp("openai")
     # LoRA adapters listed in the server YAML (real diffusers LoRA files, random weights); the last
     # a distill LoRA with its own sampler (2 dmd steps), as a 4-step draft adapter would be.
     adapters = [
@@ -61,9 +64,7 @@ def stack(tmp_path_factory, wan_checkpoint) -> ApiStack:
     ]
     keys = root / "keys.yaml"
     keys.write_text(yaml.safe_dump({"studio-a": KEY, "studio-b": "sk-other-9876543210"}))
-    s = start_api_stack(
-        root,
-        wan_checkpoint,
+    return dict(
         api={
             "openai": {
                 "served_model_name": MODEL,
@@ -82,13 +83,23 @@ def stack(tmp_path_factory, wan_checkpoint) -> ApiStack:
         # A step cache preset a request may ask for (no default: none).
         performance={"step_caches": {"fbc": {"kind": "first_block", "threshold": 0.2}}},
     )
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, wan_checkpoint) -> ApiStack:
+    root = tmp_path_factory.mktemp("openai")
+    s = start_api_stack(root, wan_checkpoint, in_process=True, **stack_options(root, wan_checkpoint))
     yield s
     stop_api_stack(s)
 
 
+def sdk_client(stack: ApiStack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.base + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
 @pytest.fixture(scope="module")
 def client(stack) -> openai.OpenAI:
-    with openai.OpenAI(base_url=stack.base + "/v1", api_key=KEY, max_retries=0, timeout=60) as c:
+    with sdk_client(stack) as c:
         yield c
 
 
@@ -327,73 +338,6 @@ def test_unknown_video_and_unfinished_content(client, stack):
     assert info.value.body["code"] == "not_ready"
 
 
-def test_delete_queued_running_and_finished(client, stack):
-    from api.dagster import DagsterGateway
-
-    web = yaml.safe_load(stack.config.read_text())["webserver"]
-    dagster = DagsterGateway(web["host"], web["port"])
-
-    def run_of(video) -> str:
-        version = video.model_extra["shotloom"]["version_id"]
-        return wait_for(lambda: stack.get(f"/version/{version}").json().get("run_id"), 30, "the run")
-
-    def canceled_in_dagster(run_id: str) -> None:
-        wait_for(lambda: dagster.run(run_id).status == "CANCELED", 60, f"run {run_id} CANCELED")
-
-    # A long clip first (15 s: 241 frames, far from done whenever it is first seen running), then
-    # short ones that fill the other worker and the queue; cancel the last, still queued.
-    videos = [
-        client.videos.create(prompt=f"clip {i}", size="64x64", seconds=seconds)
-        for i, seconds in enumerate(("15", "2", "2", "2"))
-    ]
-    last = videos[-1]
-    last_run = run_of(last)  # handed to Dagster: its queued run is canceled there too
-    deleted = client.videos.delete(last.id)
-    assert deleted.deleted is False and deleted.model_extra["status"] == "cancelled"
-    assert client.videos.retrieve(last.id).status == "cancelled"
-    canceled_in_dagster(last_run)
-
-    # A running one: answered at once, stops at its next step or piece; its worker survives with
-    # its model (ready again, the weights not loaded again).
-    running = wait_status(stack, videos[0].id, ("in_progress", "completed", "failed"), timeout=300)
-    assert running["status"] == "in_progress", running
-    worker = wait_for(
-        lambda: stack.get(f"/v1/videos/{videos[0].id}").json()["shotloom"]["worker"], 30, "its worker"
-    )
-    loads = {w["name"]: w["loads"] for w in stack.get("/health").json()["inference"]["workers"]}
-    deleted = client.videos.delete(videos[0].id)
-    assert deleted.deleted is False and deleted.model_extra["status"] in ("in_progress", "cancelled")
-    done = wait_status(stack, videos[0].id, ("cancelled", "completed", "failed"))
-    assert done["status"] == "cancelled", done
-    canceled_in_dagster(run_of(videos[0]))
-
-    def ready_again():
-        found = next(w for w in stack.get("/health").json()["inference"]["workers"] if w["name"] == worker)
-        return found if found["ready"] else None
-
-    assert wait_for(ready_again, 60, f"{worker} ready again")["loads"] == loads[worker]
-
-    # A finished one goes with its files; a cancelled one goes at the second DELETE.
-    finished = wait_status(stack, videos[1].id, ("completed",))
-    from settings.server import ServerConfig
-
-    version = stack.get(f"/version/{finished['shotloom']['version_id']}").json()
-    folder = (ServerConfig.load(stack.config).media_root / version["video_url"].split("/media/", 1)[1]).parent
-    assert (folder / "thumbnail.png").is_file() and (folder / "reference" / "middle.png").is_file()
-    gone = client.videos.delete(finished["id"])
-    assert gone.deleted is True and gone.object == "video.deleted"
-    assert not folder.exists()  # the MP4, its stills and the frames it kept for later shots
-    with pytest.raises(openai.NotFoundError):
-        client.videos.retrieve(finished["id"])
-    assert client.videos.delete(last.id).deleted is True
-    with pytest.raises(openai.NotFoundError):
-        client.videos.retrieve(last.id)
-
-    # The workers and their model survived: a new job completes.
-    after = client.videos.create_and_poll(prompt="after the cancels", size="64x64", seconds="1")
-    assert after.status == "completed"
-
-
 def test_sync_returns_the_mp4_and_keeps_no_copy(stack, tmp_path):
     resp = stack.client.post(
         stack.base + "/v1/videos/sync",
@@ -413,7 +357,7 @@ def test_sync_returns_the_mp4_and_keeps_no_copy(stack, tmp_path):
 
 
 def test_sync_past_its_wait_is_504_naming_the_job_and_a_client_that_leaves_cancels_it(client, stack):
-    # Long clips hold both workers and the queue, so sync jobs wait past the stack's 10 s.
+    # Long clips hold the device and the queue, so sync jobs wait past the stack's 10 s.
     blockers = [client.videos.create(prompt=f"long clip {i}", size="64x64", seconds="15") for i in range(4)]
     try:
         resp = stack.client.post(
@@ -455,14 +399,11 @@ def test_operator_defaults_sit_between_the_client_and_the_preset(stack):
 
 
 def test_a_failed_job_answers_500_with_its_error(client, stack):
-    from api.dagster import DagsterGateway
-
     # A long clip, so the run is still going when the operator stops it.
     video = client.videos.create(prompt="stopped by the operator", size="64x64", seconds="15")
     version = video.model_extra["shotloom"]["version_id"]
     run_id = wait_for(lambda: stack.get(f"/version/{version}").json().get("run_id"), 60, "the run")
-    web = yaml.safe_load(stack.config.read_text())["webserver"]
-    stopped = DagsterGateway(web["host"], web["port"]).terminate(run_id, wait_starting_s=30)  # from the UI
+    stopped = stack.gateway().terminate(run_id, wait_starting_s=30)  # as the UI stops it
     failed = wait_status(stack, video.id, ("failed", "completed"))
     assert stopped or failed["status"] == "completed"
     if failed["status"] == "completed":
@@ -818,38 +759,6 @@ def test_characters_from_an_upload_and_by_id_then_used_in_a_later_video(
     assert (info.value.body["param"], info.value.body["code"]) == ("character_id", "not_found")
 
 
-def test_an_adapter_by_model_nickname_or_lora_and_unconfigured_ones_refused(client, stack):
-    common = {"prompt": "a detective in the rain", "size": "64x64", "seconds": "1"}
-    base = client.videos.create(**common, extra_body={"seed": 5})
-    by_model = client.videos.create(model="noir", **common, extra_body={"seed": 5})
-    by_lora = client.videos.create(**common, extra_body={"seed": 5, "lora": {"name": "anime", "scale": 0.8}})
-    assert by_model.model == "noir"
-    digests = []
-    for video in (base, by_model, by_lora):
-        done = client.videos.poll(video.id, poll_interval_ms=300)
-        assert done.status == "completed", done.error
-        version = stack.get(f"/version/{done.model_extra['shotloom']['version_id']}").json()
-        digests.append(next(a["sha256"] for a in version["artifacts"] if a["kind"] == "video"))
-    assert len(set(digests)) == 3  # same prompt and seed: each adapter changed the result
-    # The workers loaded the base weights once each, whatever the adapters asked.
-    loads = [w["loads"] for w in stack.get("/health").json()["inference"]["workers"]]
-    assert loads == [1, 1], loads
-    for body, param in (
-        ({"lora": {"name": "pixar"}}, "lora"),
-        ({"lora": {"name": "anime", "path": "/tmp/x.safetensors"}}, "lora.path"),
-        ({"model": "noir", "lora": {"name": "anime"}}, "lora"),
-    ):
-        resp = stack.post("/v1/videos", {**common, **body})
-        assert (resp.status_code, resp.json()["error"]["param"]) == (400, param), resp.text
-    assert (
-        "pixar"
-        in stack.post("/v1/videos", {"prompt": "x", "lora": {"name": "pixar"}}).json()["error"]["message"]
-    )
-    r2v = {"work_id": "w", "shot_id": "s", "prompt": "x", "memory_slots": []}
-    resp = stack.post("/r2v", {**r2v, "lora": {"name": "pixar"}})
-    assert resp.status_code == 422 and "lora" in resp.text
-
-
 def test_images_generate_and_edit_with_the_sdk(client, stack):
     result = client.images.generate(
         prompt="a red kite", n=2, size="64x64", response_format="b64_json", extra_body={"seed": 4}
@@ -947,8 +856,6 @@ def test_api_keys_guard_every_route_but_health(stack):
 
 
 def test_runs_record_the_submitting_key_by_name(stack):
-    from api.dagster import DagsterGateway
-
     video = stack.client.post(
         stack.base + "/v1/videos",
         json={"prompt": "whose run", "size": "64x64", "seconds": "1"},
@@ -956,8 +863,7 @@ def test_runs_record_the_submitting_key_by_name(stack):
     ).json()
     version = video["shotloom"]["version_id"]
     run_id = wait_for(lambda: stack.get(f"/version/{version}").json().get("run_id"), 30, "the run")
-    web = yaml.safe_load(stack.config.read_text())["webserver"]
-    run = DagsterGateway(web["host"], web["port"]).run(run_id)
+    run = stack.gateway().run(run_id)
     assert run.tags["user"] == "studio-b" and run.tags["shotloom/kind"] == "v1"
     assert KEY not in json.dumps(run.tags) and "sk-other" not in stack.log("api")
 
@@ -1034,7 +940,7 @@ def test_extend_an_uploaded_mp4_answers_the_stitched_whole_with_lineage_to_the_u
     ],
 )
 def test_a_source_by_id_that_has_not_completed_is_409(stack, path, body):
-    # Several seconds of work for two CPU workers: still queued or in progress when asked below.
+    # Several seconds of work for the device: still queued or in progress when asked below.
     pending = stack.post("/v1/videos", {"prompt": "not yet", "size": "64x64", "seconds": "3"}).json()
     try:
         resp = stack.post(path, {**body, "video": {"id": pending["id"]}})
@@ -1263,3 +1169,126 @@ def test_a_native_model_samples_the_steps_and_guidance_a_request_asks_for(client
         "kind": "first_block",
         "threshold": 0.2,
     }
+
+
+# -- what only real worker processes show ------------------------------------------------------------
+class TestOnWorkerProcesses:
+    """On the whole stack started by server.py (2 CPU workers): a worker that survives a cancel
+    with its model loaded, and each worker's own weight loads."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def stack(cls, tmp_path_factory, wan_checkpoint) -> ApiStack:
+        root = tmp_path_factory.mktemp("openai-workers")
+        s = start_api_stack(root, wan_checkpoint, **stack_options(root, wan_checkpoint))
+        yield s
+        stop_api_stack(s)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def client(cls, stack) -> openai.OpenAI:
+        with sdk_client(stack) as c:
+            yield c
+
+    def test_delete_queued_running_and_finished(self, client, stack):
+        from api.dagster import DagsterGateway
+
+        web = yaml.safe_load(stack.config.read_text())["webserver"]
+        dagster = DagsterGateway(web["host"], web["port"])
+
+        def run_of(video) -> str:
+            version = video.model_extra["shotloom"]["version_id"]
+            return wait_for(lambda: stack.get(f"/version/{version}").json().get("run_id"), 30, "the run")
+
+        def canceled_in_dagster(run_id: str) -> None:
+            wait_for(lambda: dagster.run(run_id).status == "CANCELED", 60, f"run {run_id} CANCELED")
+
+        # A long clip first (15 s: 241 frames, far from done whenever it is first seen running), then
+        # short ones that fill the other worker and the queue; cancel the last, still queued.
+        videos = [
+            client.videos.create(prompt=f"clip {i}", size="64x64", seconds=seconds)
+            for i, seconds in enumerate(("15", "2", "2", "2"))
+        ]
+        last = videos[-1]
+        last_run = run_of(last)  # handed to Dagster: its queued run is canceled there too
+        deleted = client.videos.delete(last.id)
+        assert deleted.deleted is False and deleted.model_extra["status"] == "cancelled"
+        assert client.videos.retrieve(last.id).status == "cancelled"
+        canceled_in_dagster(last_run)
+
+        # A running one: answered at once, stops at its next step or piece; its worker survives with
+        # its model (ready again, the weights not loaded again).
+        running = wait_status(stack, videos[0].id, ("in_progress", "completed", "failed"), timeout=300)
+        assert running["status"] == "in_progress", running
+        worker = wait_for(
+            lambda: stack.get(f"/v1/videos/{videos[0].id}").json()["shotloom"]["worker"], 30, "its worker"
+        )
+        loads = {w["name"]: w["loads"] for w in stack.get("/health").json()["inference"]["workers"]}
+        deleted = client.videos.delete(videos[0].id)
+        assert deleted.deleted is False and deleted.model_extra["status"] in ("in_progress", "cancelled")
+        done = wait_status(stack, videos[0].id, ("cancelled", "completed", "failed"))
+        assert done["status"] == "cancelled", done
+        canceled_in_dagster(run_of(videos[0]))
+
+        def ready_again():
+            found = next(
+                w for w in stack.get("/health").json()["inference"]["workers"] if w["name"] == worker
+            )
+            return found if found["ready"] else None
+
+        assert wait_for(ready_again, 60, f"{worker} ready again")["loads"] == loads[worker]
+
+        # A finished one goes with its files; a cancelled one goes at the second DELETE.
+        finished = wait_status(stack, videos[1].id, ("completed",))
+        from settings.server import ServerConfig
+
+        version = stack.get(f"/version/{finished['shotloom']['version_id']}").json()
+        folder = (
+            ServerConfig.load(stack.config).media_root / version["video_url"].split("/media/", 1)[1]
+        ).parent
+        assert (folder / "thumbnail.png").is_file() and (folder / "reference" / "middle.png").is_file()
+        gone = client.videos.delete(finished["id"])
+        assert gone.deleted is True and gone.object == "video.deleted"
+        assert not folder.exists()  # the MP4, its stills and the frames it kept for later shots
+        with pytest.raises(openai.NotFoundError):
+            client.videos.retrieve(finished["id"])
+        assert client.videos.delete(last.id).deleted is True
+        with pytest.raises(openai.NotFoundError):
+            client.videos.retrieve(last.id)
+
+        # The workers and their model survived: a new job completes.
+        after = client.videos.create_and_poll(prompt="after the cancels", size="64x64", seconds="1")
+        assert after.status == "completed"
+
+    def test_an_adapter_by_model_nickname_or_lora_and_unconfigured_ones_refused(self, client, stack):
+        common = {"prompt": "a detective in the rain", "size": "64x64", "seconds": "1"}
+        base = client.videos.create(**common, extra_body={"seed": 5})
+        by_model = client.videos.create(model="noir", **common, extra_body={"seed": 5})
+        by_lora = client.videos.create(
+            **common, extra_body={"seed": 5, "lora": {"name": "anime", "scale": 0.8}}
+        )
+        assert by_model.model == "noir"
+        digests = []
+        for video in (base, by_model, by_lora):
+            done = client.videos.poll(video.id, poll_interval_ms=300)
+            assert done.status == "completed", done.error
+            version = stack.get(f"/version/{done.model_extra['shotloom']['version_id']}").json()
+            digests.append(next(a["sha256"] for a in version["artifacts"] if a["kind"] == "video"))
+        assert len(set(digests)) == 3  # same prompt and seed: each adapter changed the result
+        # The workers loaded the base weights once each, whatever the adapters asked.
+        loads = [w["loads"] for w in stack.get("/health").json()["inference"]["workers"]]
+        assert loads == [1, 1], loads
+        for body, param in (
+            ({"lora": {"name": "pixar"}}, "lora"),
+            ({"lora": {"name": "anime", "path": "/tmp/x.safetensors"}}, "lora.path"),
+            ({"model": "noir", "lora": {"name": "anime"}}, "lora"),
+        ):
+            resp = stack.post("/v1/videos", {**common, **body})
+            assert (resp.status_code, resp.json()["error"]["param"]) == (400, param), resp.text
+        assert (
+            "pixar"
+            in stack.post("/v1/videos", {"prompt": "x", "lora": {"name": "pixar"}}).json()["error"]["message"]
+        )
+        r2v = {"work_id": "w", "shot_id": "s", "prompt": "x", "memory_slots": []}
+        resp = stack.post("/r2v", {**r2v, "lora": {"name": "pixar"}})
+        assert resp.status_code == 422 and "lora" in resp.text

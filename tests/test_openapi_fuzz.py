@@ -3,8 +3,9 @@ and the /v1 backpressure, on a stack with small limits.
 
 For every operation of ``/v1/openapi.json`` and ``/r2v/openapi.json`` (as the server publishes
 them, with the loaded model's grids written in), schema-valid requests are generated and sent
-over real HTTP to the whole stack: no answer may be a server error, use a status the document
-does not declare, or carry a body outside its declared schema. The stack runs with small limits
+over real HTTP to the API, served in the test process on the in-process Dagster gateway (its runs
+executed for real): no answer may be a server error, use a status the document does not declare,
+or carry a body outside its declared schema. The stack runs with small limits
 (clips of at most 1 s at 64x64, a queue of 2) so that accepted requests are cheap jobs and most
 later ones meet a full queue (429/503, both declared). Bounded: a fixed number of examples per
 operation, derandomized so a CI run is repeatable.
@@ -66,6 +67,7 @@ def stack(tmp_path_factory, wan_checkpoint) -> ApiStack:
             "inputs": {"fetch_urls": False},  # no generated URL reaches the network
             "openai": {"max_seconds": 1, "max_width": 64, "max_height": 64},
         },
+        in_process=True,
     )
     yield s
     stop_api_stack(s)

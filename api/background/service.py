@@ -30,13 +30,15 @@ class Background:
         api: ApiConfig,
         registry: WorkerRegistry | None,
         poll_seconds: float = 0.5,
+        workers: WorkerStatuses | None = None,
     ):
+        """``workers``: what the workers say of themselves (default: read from ``registry``)."""
         self.api = api
         self.poll_seconds = poll_seconds
         self.stopping = threading.Event()
         self.wake = threading.Event()  # an accepted job: submit now
         boot = time.time()
-        self.worker_statuses = WorkerStatuses(registry)
+        self.worker_statuses = workers if workers is not None else WorkerStatuses(registry)
         self.callbacks = Callbacks(store, api, self.stopping)
         self.submitter = Submitter(store, gateway, self.callbacks, self.stopping, boot)
         self.tracker = Tracker(
