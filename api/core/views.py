@@ -28,6 +28,10 @@ from typing import Generic, TypeVar
 
 from api.store import ArtifactRecord, JobRecord, Store
 
+# The store the views read, as a dialect names it: the dialects reach the store through the job
+# service's package, never api.store itself (an import contract).
+ViewStore = Store
+
 T = TypeVar("T")
 # What a dialect makes of one job: its artifacts and queue position (None unless queued) given;
 # None for a job the dialect does not show (another dialect's, an expired one).

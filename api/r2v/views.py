@@ -7,9 +7,8 @@ from typing import Any
 from api.core.records import ArtifactRecord, JobLive, JobRecord
 from api.core.sampling import RuleFor, job_sampling
 from api.core.steps import first_run_id
-from api.core.views import JobViews
+from api.core.views import JobViews, ViewStore
 from api.r2v.protocol import ArtifactResponse, VersionResponse, iso_time
-from api.store import Store
 
 # The r2v spec knows four statuses: a cancelled job (OpenAI dialect DELETE) reads as failed there.
 R2V_STATUS = {"cancelled": "failed"}
@@ -97,7 +96,7 @@ def version_lineage(job: JobRecord) -> dict[str, Any]:
 
 
 def version_views(
-    store: Store, base: str, max_entries: int, sampling_for: RuleFor | None = None
+    store: ViewStore, base: str, max_entries: int, sampling_for: RuleFor | None = None
 ) -> JobViews[bytes]:
     """The cached GET /version bodies (see :mod:`api.core.views`); ``sampling_for``: the sampling
     rule of a shot's adapter (or none), for the steps, guidance and step cache of a shot not yet
