@@ -111,13 +111,24 @@ def init_group(
     return device
 
 
-def close_group() -> None:
-    """Leave the group (NCCL warns at exit otherwise)."""
+def close_group(settle_s: float = 10.0) -> None:
+    """Leave the group (NCCL warns at exit otherwise). On gloo the ranks first meet at a barrier
+    bounded by ``settle_s``: a rank that tears its pairs down while a peer still reads from them
+    makes gloo abort that peer (SIGABRT) instead of letting it leave; a peer that never comes (it
+    died) only costs the bound."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     _GROUP.clear()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "gloo" and dist.get_world_size() > 1:
+        try:
+            dist.monitored_barrier(timeout=timedelta(seconds=settle_s))
+        except RuntimeError:
+            pass  # a peer is gone: nothing left to wait for
+    dist.destroy_process_group()
 
 
 def _generators(target: FamilyAdapter | Sequence[Any]) -> dict[str, Any]:
@@ -422,11 +433,11 @@ class RankGroup:
                 pipe.send(("stop",))
             except OSError:
                 pass
+        close_group()  # meets the followers at their own close_group's barrier
         for proc in self._procs:
             proc.join(timeout=5)  # one stuck in a collective cannot read "stop"
             if proc.is_alive():
                 proc.kill()
-        close_group()
 
 
 def _die_with_parent() -> None:

@@ -142,9 +142,10 @@ class Lane:
     attributes a worker's ``/status`` reads (:func:`orchestration.worker.snapshot.status`), whose
     weights are this process's (one device lane: the model is loaded once, as on a worker)."""
 
-    def __init__(self, name: str, pool: str | None, runtime_cfg):
+    def __init__(self, name: str, pool: str | None, runtime_cfg, inference_config: str):
         self.name, self.pool, self.device, self.threads = name, pool, "cpu", 1
         self.runtime_cfg = runtime_cfg
+        self.inference_config = inference_config  # its runtimes, of the several this process holds
         self.boot_id = uuid.uuid4().hex
         self.lock = threading.Lock()
         self.state = "starting"
@@ -160,7 +161,7 @@ class Lane:
         from orchestration.worker.snapshot import status
 
         known = {"name": self.name, "pool": self.pool, "device": self.device, "host": socket.gethostname()}
-        return {**known, **status(self).model_dump(mode="json")}
+        return {**known, **status(self, self.inference_config).model_dump(mode="json")}
 
 
 class RunQueue:
@@ -235,9 +236,10 @@ class InProcessDagster:
         self.instance = DagsterInstance.local_temp(str(cfg.dagster_home))
         self.on_run_ended: Callable[[], None] = lambda: None  # told after every run (the API's nudge)
         self.lanes = [
-            *(Lane(name, "device", cfg.runtime) for name in cfg.worker_names()),
-            *(Lane(name, "media", cfg.runtime) for name in cfg.media_worker_names()),
-            Lane("stock", None, cfg.runtime),  # the stock launcher's runs (no worker pool)
+            *(Lane(name, "device", cfg.runtime, self.inference_config) for name in cfg.worker_names()),
+            *(Lane(name, "media", cfg.runtime, self.inference_config) for name in cfg.media_worker_names()),
+            # the stock launcher's runs (no worker pool)
+            Lane("stock", None, cfg.runtime, self.inference_config),
         ]
         self.queues = {lane.pool: RunQueue() for lane in self.lanes}
         self.workers = InProcessWorkers(lambda: self.lanes)

@@ -5,6 +5,7 @@ without loading weights and names what is wrong."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,14 +19,29 @@ from shotloom.config import REPO_ROOT
 SHOTLOOM = str(Path(sys.executable).with_name("shotloom"))
 
 
-def shotloom(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([SHOTLOOM, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+def shotloom(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [SHOTLOOM, *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_check_passes_the_shipped_config_and_names_the_key_that_is_wrong(tmp_path, wan_checkpoint):
-    done = shotloom("check", "--config", "configs/server.cpu.yaml")
+    # The shipped config, its checkpoint built (SHOTLOOM_CHECKPOINT points it elsewhere, as a user may).
+    done = shotloom(
+        "check", "--config", "configs/server.cpu.yaml", env={"SHOTLOOM_CHECKPOINT": str(wan_checkpoint)}
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "ok" and "WanVACEPipeline" in done.stdout
+    # Not built yet (a fresh clone): the tiny random checkpoint is built at load, so that passes too.
+    fresh = tmp_path / "not-built-yet"
+    done = shotloom("check", "--config", "configs/server.cpu.yaml", env={"SHOTLOOM_CHECKPOINT": str(fresh)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "ok" and f"{fresh} is missing" in done.stdout
 
     server = yaml.safe_load((REPO_ROOT / "configs" / "server.cpu.yaml").read_text())
     server["workers"]["bogus"] = 1

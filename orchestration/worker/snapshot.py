@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from orchestration.worker.process import Worker
 
 
-def status(worker: Worker) -> WorkerStatus:
+def status(worker: Worker, config: str | None = None) -> WorkerStatus:
+    """``config``: report only the runtimes of this inference YAML (a process holding several)."""
     with worker.lock:
         base = {
             "name": worker.name,
@@ -44,7 +45,7 @@ def status(worker: Worker) -> WorkerStatus:
                 "dead_ranks": worker.group.dead(),
             },
         }
-    runtimes = runtimes_snapshot()
+    runtimes = runtimes_snapshot(config)
     return WorkerStatus.model_validate(
         {
             **base,
@@ -86,10 +87,11 @@ def _capabilities(key: tuple, rt) -> dict[str, Any] | None:
     return _CAPABILITIES.get(key)
 
 
-def runtimes_snapshot() -> list[dict[str, Any]]:
+def runtimes_snapshot(config: str | None = None) -> list[dict[str, Any]]:
     rt_module = sys.modules.get("shotloom.runtime")
     if rt_module is None:
         return []
+    wanted = None if config is None else os.path.realpath(config)
     return [
         {
             "config": key[0],
@@ -103,6 +105,7 @@ def runtimes_snapshot() -> list[dict[str, Any]]:
         }
         # While the warm-up thread still imports the module, RUNTIMES may not exist yet.
         for key, rt in list(getattr(rt_module, "RUNTIMES", {}).items())
+        if wanted is None or os.path.realpath(key[0]) == wanted
     ]
 
 
