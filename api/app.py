@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 from api.admin.health import health_router
 from api.admin.internal import worker_calls_router
 from api.admin.media import media_router
+from api.admin.metrics import RequestTimer, ServiceMetrics, metrics_router
 from api.admin.queue import operator_router
 from api.context import ApiContext
 from api.deps import submitter_dependency
@@ -38,6 +39,12 @@ from api.r2v.router import r2v_router
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
+    metrics = ServiceMetrics(
+        ctx.store,
+        lambda: ctx.background.workers,
+        lambda: [*((n, "device") for n in ctx.worker_names), *((n, "media") for n in ctx.media_worker_names)],
+    )
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         ctx.background.start()  # also reconciles jobs accepted before a crash but never submitted
@@ -45,6 +52,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
             yield
         finally:
             ctx.background.stop()
+            metrics.close()
 
     app = FastAPI(
         title="shotloom",
@@ -91,6 +99,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(worker_calls_router(ctx))
     submitter = submitter_dependency(ctx.keys, lambda message: ApiError(401, message))
     app.include_router(media_router(ctx.media_root), dependencies=[Depends(submitter)])
+    app.include_router(metrics_router(metrics, submitter))
+    app.add_middleware(RequestTimer, metrics=metrics)  # outermost: the fast path's polls are timed too
     install_openapi(
         app, videos.served_or_none, submitter, openai_submitter(ctx.keys), browsable=not ctx.keys.enabled
     )

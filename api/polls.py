@@ -20,22 +20,29 @@ from api.auth import KeyRing
 
 # A job's cached answer for an id taken from the path; None: let the route say why not.
 Answer = Callable[[str], Response | None]
+# Where a fast answer leaves its route's template in the request's scope (as FastAPI leaves its
+# route there), for what labels requests by route (api.admin.metrics).
+POLL_ROUTE_KEY = "shotloom.route"
 
 
 class PollRoutes:
-    """The fast answers, by path prefix (``/version/`` -> the id that follows it)."""
+    """The fast answers, by the template of the route they stand in for (``/version/{version_id}``:
+    the id is what follows ``/version/``)."""
 
     def __init__(self) -> None:
-        self._answers: dict[str, Answer] = {}
+        self._answers: dict[str, tuple[str, Answer]] = {}  # prefix -> (template, answer)
 
-    def add(self, prefix: str, answer: Answer) -> None:
-        self._answers[prefix] = answer
+    def add(self, template: str, answer: Answer) -> None:
+        prefix = template.split("{", 1)[0]
+        self._answers[prefix] = (template, answer)
 
-    def answer(self, path: str) -> Response | None:
-        for prefix, answer in self._answers.items():
+    def answer(self, path: str) -> tuple[str, Response] | None:
+        """The route's template and its answer, or None: FastAPI answers."""
+        for prefix, (template, answer) in self._answers.items():
             if path.startswith(prefix):
                 key = path[len(prefix) :]
-                return answer(key) if key and "/" not in key else None
+                response = answer(key) if key and "/" not in key else None
+                return None if response is None else (template, response)
         return None
 
 
@@ -47,8 +54,9 @@ class PollFastPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "GET" and self._authorised(scope):
-            response = self.polls.answer(scope["path"])
-            if response is not None:
+            answered = self.polls.answer(scope["path"])
+            if answered is not None:
+                scope[POLL_ROUTE_KEY], response = answered
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

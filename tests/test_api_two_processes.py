@@ -1,6 +1,7 @@
 """Two API processes on one state directory (one service store), and a third writer beside them:
 each answers every GET /version with the latest write whichever process made it, never a view
-it cached before (the change counters of api.store.changes).
+it cached before (the change counters of api.store.changes), and their GET /metrics count each job
+once between them (api.store.events).
 
 The processes are ``python -m api`` alone, without Dagster: the jobs stay queued (nothing can
 submit them), which is what lets the writes below (priorities, a third process's progress) be the
@@ -12,11 +13,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from api.store import Store
 from settings.api import ApiConfig
@@ -38,6 +42,15 @@ def spawn_api(config: Path, log: Path) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def metric_values(client: httpx.Client) -> dict[tuple[str, str], float]:
+    """(sample name, its status label or else its kind) -> the sum of its samples."""
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            out[(sample.name, sample.labels.get("status") or sample.labels.get("kind", ""))] += sample.value
+    return out
 
 
 def test_two_api_processes_and_a_third_writer_never_see_a_stale_view(tmp_path, wan_checkpoint):
@@ -91,6 +104,21 @@ def test_two_api_processes_and_a_third_writer_never_see_a_stale_view(tmp_path, w
         for client in (a, b):
             assert client.get(f"/version/{first}").json()["status"] == "failed"
             assert position(client, second) == 1
+
+        # GET /metrics: a job is counted by the process whose write made it so, once fleet-wide, so
+        # Prometheus sums the processes. B accepts a third; both cancel the queued ones at once.
+        third = b.post("/r2v", json=shot("two-3")).json()["version_id"]
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda c: c.post("/queue/works/film/cancel").raise_for_status(), (a, b)))
+        for version_id in (second, third):
+            assert a.get(f"/version/{version_id}").json()["stage"] == "canceled"  # the R2V words
+        scraped = [metric_values(client) for client in (a, b)]
+        assert [m[("shotloom_jobs_accepted_total", "r2v")] for m in scraped] == [2, 1]
+        # The script's failure is no API process's; the two cancels are counted once each.
+        assert sum(m[("shotloom_jobs_finished_total", "cancelled")] for m in scraped) == 2
+        assert sum(m[("shotloom_jobs_finished_total", "failed")] for m in scraped) == 0
+        # The queue is state, not a count: each process says what the store says.
+        assert [m[("shotloom_jobs", "queued")] for m in scraped] == [0, 0]
     finally:
         if store is not None:
             store.close()

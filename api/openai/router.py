@@ -419,7 +419,7 @@ def openai_router(ctx: ApiContext, serving: VideoServing, polls: PollRoutes) -> 
             headers={POLL_HEADER: str(serving.poll_after_ms(got.video))},
         )
 
-    polls.add(f"{router.prefix}/videos/", video_answer)
+    polls.add(f"{router.prefix}/videos/{{video_id}}", video_answer)
 
     @router.get("/videos/{video_id}", response_model=Video, responses=_ERRORS)
     async def get_video(video_id: str) -> Response:

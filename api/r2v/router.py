@@ -86,7 +86,7 @@ def r2v_router(ctx: ApiContext, polls: PollRoutes) -> APIRouter:
         body = views.get(version_id)
         return Response(body, media_type="application/json") if body is not None else None
 
-    polls.add("/version/", version_answer)
+    polls.add("/version/{version_id}", version_answer)
 
     @router.get("/version/{version_id}", response_model=VersionResponse, responses=_ERRORS)
     async def get_version(version_id: str) -> Response:

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.store.changes import ChangeReader, Changes, count_changes, note_changes
+from api.store.events import StoreEvents
 
 _READ_OPTION = "shotloom_read_only"
 
@@ -74,6 +75,7 @@ class StoreEngine:
         # readers that cache (api.core.views.JobViews) see any process's writes (api.store.changes).
         event.listen(self._write_sessions, "after_flush", note_changes)
         self._changes = ChangeReader(self.engine)
+        self.events = StoreEvents()  # told after a write commits (api.store.events)
         if create:
             self.create_schema()
 

@@ -146,6 +146,7 @@ class JobsStore(StoreEngine):
                     )
                     s.flush()
                 record = job_record(row)
+            self.events.job_accepted(record)
             return AcceptResult(version_id=version_id, created=True, job=record)
         except IntegrityError:
             if job.job_id is None:
@@ -247,6 +248,7 @@ class JobsStore(StoreEngine):
         with self._write() as s:
             row = self._job_for_update(s, version_id)
             now = time.time()
+            finishing = status in FINISHED and row.status not in FINISHED  # once: under the row lock
             if status is not None and not (row.status in FINISHED and status not in FINISHED):
                 if status in FINISHED and row.status != status:
                     row.finished_at = now
@@ -260,7 +262,10 @@ class JobsStore(StoreEngine):
             if live is not _UNSET:
                 row.live = stored(live)
             row.updated_at = now
-            return job_record(row)
+            record = job_record(row)
+        if finishing:
+            self.events.job_finished(record)
+        return record
 
     def start_step(self, version_id: str, run_id: str) -> JobRecord:
         """Point the version at the run of its next step (its retries have it as their root)."""

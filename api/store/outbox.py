@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from api.store.engine import StoreEngine
@@ -109,6 +109,16 @@ class OutboxStore(StoreEngine):
             ).all()
             return [_delivery_record(r) for r in rows]
 
+    def callback_backlog(self) -> int:
+        """Deliveries still pending (due now or waiting for their next attempt)."""
+        with self._read() as s:
+            return int(
+                s.scalar(
+                    select(func.count()).select_from(CallbackOutbox).where(CallbackOutbox.status == "pending")
+                )
+                or 0
+            )
+
     def record_attempt(
         self,
         delivery_id: str,
@@ -137,4 +147,6 @@ class OutboxStore(StoreEngine):
                 row.status, row.next_attempt_at, row.last_error = "pending", next_attempt_at, error
             else:
                 row.status, row.next_attempt_at, row.last_error = "gave_up", None, error
-            return _delivery_record(row)
+            record = _delivery_record(row)
+        self.events.delivery_attempted(record)
+        return record
