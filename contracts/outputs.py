@@ -11,6 +11,9 @@ from dagster import MetadataValue
 from pydantic import BaseModel, ConfigDict, Field
 
 STILL_ROLES = ("thumbnail", "spritesheet")  # the images made beside each video
+# What a materialization shows an operator in the Dagster UI alone (ops.previews): never a fact of
+# the job a client reads.
+UI_ONLY_KEYS = frozenset({"preview"})
 # The facts of a job's main video its result carries (both dialects' views read them).
 RESULT_KEYS = (
     "width", "height", "frames", "fps", "duration_s", "has_audio", "seed", "video_mode", "peak_memory_mb",
@@ -55,7 +58,7 @@ class VideoOutput(_Output):
         return {
             k: v
             for k, v in self.model_dump(exclude={"path", "bytes", "sha256"}, exclude_none=True).items()
-            if not k.startswith(STILL_ROLES)
+            if not k.startswith(STILL_ROLES) and k not in UI_ONLY_KEYS
         }
 
 

@@ -9,6 +9,7 @@ from contracts.outputs import FilmOutput
 from contracts.runs import MergeConfig, StitchConfig
 from contracts.tags import VERSION_TAG
 from ops.assets import FILM_KEY, register_work_partition
+from ops.previews import film_preview
 from ops.types import FilmArtifact, ShotArtifact
 from resources import run_state
 from resources.media_store import MediaStoreResource
@@ -58,6 +59,12 @@ def _film(
     inputs = [Path(p) if Path(p).is_absolute() else media.resolve(p) for p in paths]
     output = media.film_path(work_id, context.run_id)
     result = merge_mp4(inputs, output)
+    # The shots shown on the film's page, in order (an input outside the media root has no stills).
+    shown = [
+        (shot_id, media.relative(path))
+        for shot_id, path in zip(shot_ids or [p.stem for p in inputs], inputs, strict=False)
+        if path.resolve().is_relative_to(media.root_path)
+    ]
     info = result.info
     # The film's frames are not in memory: only the stills' frames are decoded, by seeking.
     stills = media.write_stills(output, output, FILM_SPRITESHEET_FRAMES)
@@ -83,6 +90,7 @@ def _film(
             shots=", ".join(shot_ids) or ", ".join(paths),
             versions=versions,
             **stills,
-        ).to_metadata(),
+        ).to_metadata()
+        | {"preview": film_preview(media, artifact.path, stills["thumbnail"], stills["spritesheet"], shown)},
     )
     yield Output(artifact)

@@ -8,6 +8,7 @@ from contracts import events
 from contracts.outputs import StillsOutput
 from contracts.runs import StillsConfig
 from ops.assets import SHOT_STILLS_KEY, register_shot_partition
+from ops.previews import shot_preview
 from ops.types import StillsArtifact
 from resources import run_state
 from resources.media_store import MediaStoreResource
@@ -27,7 +28,11 @@ def stills_op(context: OpExecutionContext, config: StillsConfig, media: MediaSto
             asset_key=SHOT_STILLS_KEY,
             partition=register_shot_partition(context.instance, config.work_id, config.shot_id),
             description=f"stills of {config.video}",
-            metadata={"video": config.video, **StillsOutput.model_validate(stills).to_metadata()},
+            metadata={
+                "video": config.video,
+                **StillsOutput.model_validate(stills).to_metadata(),
+                "preview": shot_preview(media, config.video, stills["thumbnail"], stills["spritesheet"]),
+            },
         )
     )
     yield Output(

@@ -28,10 +28,10 @@ from dagster import (
 )
 from pydantic import Field
 
+from contracts.environment import API_URL_ENV
 from ops.assets import SHOT_KEY
-from settings.server import RerenderSchedule, ServerConfig
+from settings.server import RerenderSchedule, ServerConfig, offered_rerenders
 
-API_URL_ENV = "SHOTLOOM_API_URL"  # set by server.py for every process it starts
 API_KEY_ENV = "SHOTLOOM_RERENDER_API_KEY"  # an API key for re-renders, when the API requires keys
 
 
@@ -112,7 +112,12 @@ def stale_shots(instance, loaded: str, limit: int = 10_000) -> dict[str, dict[st
     return {w: dict(sorted(s.items())) for w, s in sorted(out.items())}
 
 
-def checkpoint_sensor(loaded: str, priority: int, interval_s: int = 60):
+def checkpoint_sensor(
+    loaded: str,
+    priority: int,
+    interval_s: int = 60,
+    status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
+):
     """Re-render the shots made with another checkpoint than the loaded one, through the same job
     as the schedules. Evaluated in the code server. The run key names the work, the checkpoint and
     the stale shots' versions: a shot that goes stale later asks again, while a re-render that
@@ -122,7 +127,7 @@ def checkpoint_sensor(loaded: str, priority: int, interval_s: int = 60):
         name=CHECKPOINT_SENSOR,
         job=rerender,
         minimum_interval_seconds=interval_s,
-        default_status=DefaultSensorStatus.RUNNING,
+        default_status=status,
     )
     def on_new_checkpoint(context: SensorEvaluationContext):
         for work, shots in stale_shots(context.instance, loaded).items():
@@ -143,23 +148,34 @@ def checkpoint_sensor(loaded: str, priority: int, interval_s: int = 60):
 
 
 def sensors_for(cfg: ServerConfig | None, loaded: str | None) -> list:
-    if cfg is None or not cfg.rerender_on_checkpoint_change or loaded is None:
+    """The checkpoint sensor, running when the server YAML asks for it, else defined stopped (the
+    UI's Automation page lists it; an operator switches it on there). None without the checkpoint
+    the workers load (``dagster dev`` alone)."""
+    if cfg is None or loaded is None:
         return []
-    return [checkpoint_sensor(loaded, cfg.rerender_priority)]
+    status = DefaultSensorStatus.RUNNING if cfg.rerender_on_checkpoint_change else DefaultSensorStatus.STOPPED
+    return [checkpoint_sensor(loaded, cfg.rerender_priority, cfg.rerender_sensor_interval_s, status)]
 
 
 def schedules_for(cfg: ServerConfig | None) -> list:
-    """One Dagster schedule per ``rerender`` entry of the server YAML."""
-    return [_schedule(entry) for entry in (cfg.rerender if cfg is not None else [])]
+    """One Dagster schedule per ``rerender`` entry of the server YAML (running), and one per offered
+    schedule it does not name (stopped: the UI's Automation page switches it on)."""
+    listed = cfg.rerender if cfg is not None else []
+    offered = cfg.rerender_offered if cfg is not None else offered_rerenders()
+    names = {entry.name for entry in listed}
+    return [
+        *(_schedule(entry, DefaultScheduleStatus.RUNNING) for entry in listed),
+        *(_schedule(entry, DefaultScheduleStatus.STOPPED) for entry in offered if entry.name not in names),
+    ]
 
 
-def _schedule(entry: RerenderSchedule):
+def _schedule(entry: RerenderSchedule, status: DefaultScheduleStatus):
     @schedule(
         name=entry.name,
         cron_schedule=entry.cron,
         job=rerender,
         execution_timezone=entry.timezone,
-        default_status=DefaultScheduleStatus.RUNNING,  # listed in the YAML: meant to run
+        default_status=status,
     )
     def tick(context: ScheduleEvaluationContext) -> RunRequest:
         key = f"{entry.name}:{context.scheduled_execution_time.isoformat()}"

@@ -30,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from contracts.environment import API_URL_ENV
 from orchestration.instance_yaml import write_dagster_yaml
 from settings.server import ServerConfig
 
@@ -154,7 +155,7 @@ class Stack:
             "SHOTLOOM_STATE_DIR": str(cfg.state_dir),
             "SHOTLOOM_INFERENCE_CONFIG": str(cfg.inference_config()),
             "SHOTLOOM_SERVER_CONFIG": str(self.config_path),  # the code location's schedules
-            "SHOTLOOM_API_URL": cfg.api.base_url(),  # where re-render runs reach the API
+            API_URL_ENV: cfg.api.base_url(),  # where runs reach the API (re-renders, media links)
             "SHOTLOOM_MEDIA_ROOT": str(cfg.media_root),
             "SHOTLOOM_STEP_STORAGE": str(cfg.step_storage),
         }

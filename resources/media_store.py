@@ -56,3 +56,6 @@ class MediaStoreResource(ConfigurableResource):
 
     def relative(self, path: Path) -> str:
         return self.store.relative(path)
+
+    def preview_data_uri(self, relative: str, max_side: int) -> str | None:
+        return self.store.preview_data_uri(relative, max_side)

@@ -216,6 +216,14 @@ class RerenderSchedule(_Strict):
     priority: int = Field(default=-10, ge=-1000, le=1000)
 
 
+def offered_rerenders() -> list[RerenderSchedule]:
+    """The re-render schedules every code location defines (stopped unless the YAML lists them)."""
+    return [
+        RerenderSchedule(name="rerender_nightly", cron="0 3 * * *"),
+        RerenderSchedule(name="rerender_weekly", cron="0 4 * * 0"),
+    ]
+
+
 class ServerConfig(_Strict):
     state_dir: Path = Field(default=Path("var/server"), description="Instance home, logs, step storage.")
     webserver: WebserverConfig = WebserverConfig()
@@ -237,13 +245,23 @@ class ServerConfig(_Strict):
     step_storage: Path | None = Field(default=None, description="Default: <state_dir>/steps.")
     workspace: Path = Field(default=Path("workspace.yaml"))
     rerender: list[RerenderSchedule] = Field(
-        default_factory=list, description="Scheduled re-renders (Dagster schedules in the code location)."
+        default_factory=list,
+        description="Scheduled re-renders (Dagster schedules in the code location), running from the start.",
+    )
+    rerender_offered: list[RerenderSchedule] = Field(
+        default_factory=offered_rerenders,
+        description="Re-render schedules defined stopped: an operator switches one on in the Dagster UI "
+        "(Automation). One with the name of a `rerender` entry is that entry (running).",
     )
     rerender_on_checkpoint_change: bool = Field(
         default=False,
-        description="A sensor re-renders every shot whose newest version was made with another checkpoint.",
+        description="A sensor re-renders every shot whose newest version was made with another checkpoint. "
+        "False: the sensor is defined stopped (the UI's Automation page switches it on).",
     )
     rerender_priority: int = Field(default=-10, ge=-1000, le=1000, description="Of the sensor's re-renders.")
+    rerender_sensor_interval_s: int = Field(
+        default=60, ge=1, description="How often the checkpoint sensor looks for stale shots."
+    )
 
     @classmethod
     def load(cls, path: str | Path) -> ServerConfig:

@@ -76,6 +76,24 @@ class LocalMediaStore:
             return None
         return (real, st) if stat.S_ISREG(st.st_mode) else None
 
+    def preview_data_uri(self, relative: str, max_side: int) -> str | None:
+        """A small JPEG of the image ``relative`` names, as a ``data:`` URI (a page shows it with
+        no route to the media); None when the image is not there."""
+        import base64
+        import io
+
+        from PIL import Image
+
+        found = self.find(relative)
+        if found is None:
+            return None
+        with Image.open(found) as image:
+            small = image.convert("RGB")
+            small.thumbnail((max_side, max_side))
+        buf = io.BytesIO()
+        small.save(buf, format="JPEG", quality=80)
+        return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
     # -- writing --------------------------------------------------------------------------------
     def write_stills(self, frames_or_video: Any, mp4: Path, spritesheet_frames: int = 9) -> dict[str, Any]:
         """Thumbnail and spritesheet PNGs beside ``mp4``; returns their materialization metadata.

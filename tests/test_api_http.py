@@ -88,6 +88,9 @@ def api(tmp_path_factory, wan_checkpoint) -> ApiStack:
         wan_checkpoint,
         api={"callback_backoff_seconds": 0.2, "inputs": {"allowed_roots": [str(root / "allowed")]}},
         adapters=adapters,
+        # Offered stopped, as the shipped nightly and weekly ones: an operator switches it on (a
+        # minute's cron so that its tick comes during the module; it matches no shot).
+        rerender_offered=[{"name": "rerender_every_minute", "cron": "* * * * *", "shots": ["no-such-shot"]}],
     )
     try:
         yield stack
@@ -125,6 +128,69 @@ def test_the_dagster_ui_asks_no_one_to_sign_up(api):
     web = yaml.safe_load(api.config.read_text())["webserver"]
     answer = httpx.post(f"http://{web['host']}:{web['port']}/graphql", json={"query": "{ shouldShowNux }"})
     assert answer.json()["data"]["shouldShowNux"] is False  # no "Join the Dagster community" dialog
+
+
+SCHEDULES_QUERY = """
+query Automation($repo: RepositorySelector!) {
+  schedulesOrError(repositorySelector: $repo) {
+    __typename
+    ... on Schedules { results { name scheduleState { id status ticks(limit: 5) { status runIds } } } }
+  }
+  sensorsOrError(repositorySelector: $repo) {
+    __typename
+    ... on Sensors { results { name sensorState { status } } }
+  }
+}
+"""
+START_SCHEDULE = """
+mutation Start($selector: ScheduleSelector!) {
+  startSchedule(scheduleSelector: $selector) {
+    __typename
+    ... on ScheduleStateResult { scheduleState { status } }
+    ... on PythonError { message }
+  }
+}
+"""
+STOP_SCHEDULE = """
+mutation Stop($id: String!) {
+  stopRunningSchedule(id: $id) {
+    __typename
+    ... on ScheduleStateResult { scheduleState { status } }
+  }
+}
+"""
+
+
+def automation(api) -> tuple[dict[str, dict], dict[str, str]]:
+    """The schedules (name -> state) and sensors (name -> status) the UI's Automation page lists."""
+    gateway = api.gateway()
+    loc = gateway.location()
+    repo = {"repositoryLocationName": loc.location_name, "repositoryName": loc.repository_name}
+    data = gateway.execute(SCHEDULES_QUERY, {"repo": repo})
+    schedules = {s["name"]: s["scheduleState"] for s in data["schedulesOrError"]["results"]}
+    sensors = {s["name"]: s["sensorState"]["status"] for s in data["sensorsOrError"]["results"]}
+    return schedules, sensors
+
+
+def test_an_operator_switches_on_a_schedule_the_yaml_does_not_list(api):
+    """The code location defines the offered re-render schedules and the checkpoint sensor stopped
+    (the YAML lists none); switched on over GraphQL (as the Automation page's toggle does), the
+    schedule runs: its tick's run is checked by the last test of this module, a minute later."""
+    schedules, sensors = automation(api)
+    assert {name: state["status"] for name, state in schedules.items()} == {
+        "rerender_every_minute": "STOPPED",
+    }
+    assert sensors == {"rerender_on_new_checkpoint": "STOPPED"}
+    gateway = api.gateway()
+    loc = gateway.location()
+    selector = {
+        "repositoryLocationName": loc.location_name,
+        "repositoryName": loc.repository_name,
+        "scheduleName": "rerender_every_minute",
+    }
+    started = gateway.execute(START_SCHEDULE, {"selector": selector})["startSchedule"]
+    assert started["scheduleState"]["status"] == "RUNNING", started
+    assert automation(api)[0]["rerender_every_minute"]["status"] == "RUNNING"
 
 
 def test_r2v_with_inline_first_frame_succeeds_and_calls_back(api, receiver):
@@ -548,11 +614,38 @@ def test_an_operator_sees_lineage_runs_stages_and_partitions_in_the_ui(api, tmp_
             assert "stage: " in run and "shotloom/stage" in run  # stage events with their metadata
             partitions = visit("shot-partitions", "/assets/shot?view=partitions", "Materialized")
             assert "s1" in partitions and "film" in partitions
+
+            def preview(name: str, path: str) -> list[dict]:
+                """Open the newest materialization's preview: its images, as Chromium drew them."""
+                visit(name, path, "[Show Markdown]")
+                page.get_by_text("[Show Markdown]").first.click()
+                dialog = page.get_by_role("dialog")
+                dialog.locator("img").first.wait_for(timeout=30_000)
+                page.wait_for_function(
+                    "() => [...document.querySelectorAll('[role=dialog] img')].every(i => i.complete)"
+                )
+                page.screenshot(path=tmp_path / f"{name}-preview.png")
+                seen[f"{name}-preview"] = dialog.inner_text()
+                images = dialog.locator("img").evaluate_all(
+                    "imgs => imgs.map(i => ({alt: i.alt, width: i.naturalWidth, height: i.naturalHeight}))"
+                )
+                page.keyboard.press("Escape")
+                return images
+
+            # A shot's stills: its thumbnail drawn, links to its MP4 and spritesheet beside it.
+            [thumb] = preview("shot-stills", "/assets/shot_stills?view=events")
+            assert thumb["alt"] == "thumbnail" and thumb["width"] > 0 and thumb["height"] > 0
+            assert "MP4" in seen["shot-stills-preview"] and "spritesheet" in seen["shot-stills-preview"]
+            # A film: its own thumbnail, then its shots' in order.
+            film, *shots = preview("film", "/assets/film?view=events")
+            assert film["alt"] == "film" and film["width"] > 0
+            assert [s["alt"] for s in shots] == ["s1", "s4"] and all(s["width"] > 0 for s in shots)
         finally:
             browser.close()
     for name, text in seen.items():
         assert "Join the Dagster community" not in text and "Sign up" not in text, name
     assert sorted(x.name for x in tmp_path.glob("*.png")) == sorted(f"{n}.png" for n in seen)
+    print(f"screenshots: {tmp_path}")
 
 
 # Last: it makes new versions of s1 (the tests above read s1 as first made).
@@ -626,3 +719,22 @@ def test_the_rerender_job_from_the_launchpad_goes_through_the_api(api):
     done = api.wait_version(newer)
     assert done["derived_from"] == [before] and done["status"] == "succeeded"
     assert gateway.run(done["run_id"]).tags["user"] == "launchpad"  # "launched by" who asked
+
+
+def test_the_schedule_switched_on_ticks_and_its_run_asks_the_api(api):
+    """The schedule switched on at the top of this module has ticked by now (its cron: every
+    minute): the tick launched the rerender job, which succeeded (it matched no shot)."""
+    gateway = api.gateway()
+
+    def ticked() -> list[str] | None:
+        state = automation(api)[0]["rerender_every_minute"]
+        runs = [run_id for tick in state["ticks"] if tick["status"] == "SUCCESS" for run_id in tick["runIds"]]
+        return runs or None
+
+    [run_id, *_] = wait_for(ticked, 150, "a tick of the schedule switched on")
+    run = wait_for(lambda: (r := gateway.run(run_id)).finished and r, 120, "the tick's rerender run")
+    assert run.job_name == "rerender" and run.status == "SUCCESS", run
+    assert run.tags.get("dagster/schedule_name") == "rerender_every_minute"
+    state = automation(api)[0]["rerender_every_minute"]
+    stopped = gateway.execute(STOP_SCHEDULE, {"id": state["id"]})["stopRunningSchedule"]
+    assert stopped["scheduleState"]["status"] == "STOPPED", stopped

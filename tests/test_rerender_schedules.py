@@ -23,10 +23,17 @@ def test_each_schedule_ticks_one_keyed_rerender_run(tmp_path):
             ],
         }
     )
-    nightly, weekly = schedules_for(cfg)
+    nightly, weekly, *offered = schedules_for(cfg)
     assert (nightly.name, nightly.cron_schedule, nightly.job_name) == ("nightly", "0 3 * * *", rerender.name)
     assert weekly.cron_schedule == "0 4 * * 1"
     assert nightly.default_status == DefaultScheduleStatus.RUNNING  # listed in the YAML: it runs
+    # The offered ones the YAML does not list are defined stopped: the UI's Automation page shows
+    # them and an operator switches one on there (tests/test_api_http.py does, over GraphQL).
+    assert {(o.name, o.default_status) for o in offered} == {
+        ("rerender_nightly", DefaultScheduleStatus.STOPPED),
+        ("rerender_weekly", DefaultScheduleStatus.STOPPED),
+    }
+    assert [o.job_name for o in offered] == [rerender.name] * 2
     tick = datetime(2026, 12, 4, 3, 0, tzinfo=UTC)
     [request] = nightly.evaluate_tick(build_schedule_context(scheduled_execution_time=tick)).run_requests
     config = request.run_config["ops"]["rerender_op"]["config"]
@@ -43,11 +50,20 @@ def test_each_schedule_ticks_one_keyed_rerender_run(tmp_path):
     # The same tick evaluated again (a daemon restart) asks for the same key: nothing twice.
     [again] = nightly.evaluate_tick(build_schedule_context(scheduled_execution_time=tick)).run_requests
     assert again.run_key == request.run_key
-    assert schedules_for(None) == []
+    # One the YAML lists by an offered one's name is that one, running; `dagster dev` alone (no
+    # server YAML) still offers them, stopped.
+    listed = ServerConfig.model_validate(
+        {**cfg.model_dump(), "rerender": [{"name": "rerender_weekly", "cron": "5 4 * * *"}]}
+    )
+    assert {(s.name, s.cron_schedule, s.default_status) for s in schedules_for(listed)} == {
+        ("rerender_weekly", "5 4 * * *", DefaultScheduleStatus.RUNNING),
+        ("rerender_nightly", "0 3 * * *", DefaultScheduleStatus.STOPPED),
+    }
+    assert {s.default_status for s in schedules_for(None)} == {DefaultScheduleStatus.STOPPED}
 
 
 def test_the_checkpoint_sensor_rerenders_shots_made_with_another_checkpoint(tmp_path):
-    from dagster import AssetMaterialization, DagsterInstance, build_sensor_context
+    from dagster import AssetMaterialization, DagsterInstance, DefaultSensorStatus, build_sensor_context
 
     from ops.assets import SHOT_KEY, register_shot_partition
     from orchestration.rerender import CHECKPOINT_SENSOR, checkpoint_sensor, sensors_for
@@ -105,11 +121,13 @@ def test_the_checkpoint_sensor_rerenders_shots_made_with_another_checkpoint(tmp_
         "inference": {"config": "configs/inference.wan-tiny.yaml"},
         "workers": {"devices": [{"device": "cpu"}]},
     }
-    assert sensors_for(ServerConfig.model_validate(base), "wan:new") == []  # off unless configured
+    # Defined stopped unless configured (the UI switches it on); running when the YAML asks.
+    [stopped] = sensors_for(ServerConfig.model_validate(base), "wan:new")
+    assert (stopped.name, stopped.default_status) == (CHECKPOINT_SENSOR, DefaultSensorStatus.STOPPED)
     on = ServerConfig.model_validate({**base, "rerender_on_checkpoint_change": True, "rerender_priority": -7})
     [sensor] = sensors_for(on, "wan:new")
-    assert sensor.name == CHECKPOINT_SENSOR
-    assert sensors_for(None, "wan:new") == []
+    assert (sensor.name, sensor.default_status) == (CHECKPOINT_SENSOR, DefaultSensorStatus.RUNNING)
+    assert sensors_for(None, "wan:new") == []  # `dagster dev` alone: no loaded checkpoint to compare
 
 
 def test_a_tick_that_meets_a_full_queue_asks_again_when_the_api_says(monkeypatch):
