@@ -47,18 +47,8 @@ def media_router(media_root: Path) -> APIRouter:
     store = LocalMediaStore(media_root)
     router = APIRouter(tags=["media"])
 
-    @router.api_route(
-        "/media/{asset_path:path}",
-        methods=["GET", "HEAD"],
-        response_class=FileResponse,
-        responses={
-            200: {"content": {"video/mp4": {}}, "description": "The whole file."},
-            206: {"description": "The requested byte range."},
-            404: {"description": "Missing file or a path outside media_root."},
-            416: {"description": "Range not satisfiable."},
-        },
-    )
     def get_media(asset_path: str, request: Request) -> Response:
+        """A produced file (an MP4, a still), whole or by byte range."""
         # The raw path as sent (before the router decoded it) must not traverse either.
         raw = request.scope.get("raw_path", b"").decode("latin-1")
         if ".." in urllib.parse.unquote(urllib.parse.unquote(raw)).split("/"):
@@ -72,6 +62,21 @@ def media_router(media_root: Path) -> APIRouter:
             path,
             media_type=media_type or "application/octet-stream",
             stat_result=st,
+        )
+
+    for method in ("GET", "HEAD"):  # one operation each: an OpenAPI operation id names one method
+        router.add_api_route(
+            "/media/{asset_path:path}",
+            get_media,
+            methods=[method],
+            operation_id=f"{method.lower()}_media",
+            response_class=FileResponse,
+            responses={
+                200: {"content": {"video/mp4": {}}, "description": "The whole file."},
+                206: {"description": "The requested byte range."},
+                404: {"description": "Missing file or a path outside media_root."},
+                416: {"description": "Range not satisfiable."},
+            },
         )
 
     return router

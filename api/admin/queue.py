@@ -132,7 +132,19 @@ def operator_router(ctx: ApiContext) -> APIRouter:
             "position": ctx.store.queue_position(version_id),
         }
 
-    @router.post("/rerender")
+    @router.post(
+        "/rerender",
+        responses={
+            401: {"description": "A missing or unknown API key."},
+            429: {
+                "description": "The r2v queue is full: send the same key again after Retry-After seconds "
+                "(the shots it already queued are not queued twice).",
+                "headers": {
+                    "Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}
+                },
+            },
+        },
+    )
     async def rerender(
         body: RerenderRequest,
         who: str = Depends(submitter),  # noqa: B008 - FastAPI resolves it per request

@@ -25,10 +25,26 @@ from fastapi.responses import StreamingResponse
 
 from api.store import FINISHED, JobRecord, Store
 
+# One event of the stream (before OpenAPI 3.2 and its ``itemSchema``, an event stream's ``schema``
+# describes each event): its ``data`` is the job's view as the dialect's GET answers it.
+SSE_EVENT_SCHEMA = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"enum": ["update", "done"]},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "description": "The job's view, as the dialect's GET of the job answers it.",
+        },
+        "id": {"type": "string", "pattern": "^[0-9]+$", "description": "The job's last write, in ms."},
+        "retry": {"type": "integer", "description": "Reconnect after this many ms."},
+    },
+}
 SSE_RESPONSES = {
     200: {
         "description": "text/event-stream: `event: update` per change of the job's view, then `event: done`",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
     },
     204: {"description": "The client's Last-Event-ID is the job's final event: nothing more to send."},
 }
