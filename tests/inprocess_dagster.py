@@ -232,8 +232,19 @@ class InProcessDagster:
             "io_manager": {"config": {"base_dir": str(cfg.step_storage)}},
         }
         cfg.dagster_home.mkdir(parents=True, exist_ok=True)
-        # No settings: with any, Dagster reconfigures the process's logging (dictConfig) at each run.
-        self.instance = DagsterInstance.local_temp(str(cfg.dagster_home))
+        # No settings (with any, Dagster reconfigures the process's logging (dictConfig) at each run),
+        # and no compute-log capture: it tails each step's output with two `tail -F` processes and
+        # a watcher per stream, which the lanes' threads would spawn, and a test process ignoring
+        # SIGTERM (as some launchers leave it) would leak and wait 30 s on at each step's end.
+        self.instance = DagsterInstance.local_temp(
+            str(cfg.dagster_home),
+            overrides={
+                "compute_logs": {
+                    "module": "dagster._core.storage.noop_compute_log_manager",
+                    "class": "NoOpComputeLogManager",
+                }
+            },
+        )
         self.on_run_ended: Callable[[], None] = lambda: None  # told after every run (the API's nudge)
         self.lanes = [
             *(Lane(name, "device", cfg.runtime, self.inference_config) for name in cfg.worker_names()),
