@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 from api.admin.health import health_router
 from api.admin.internal import worker_calls_router
 from api.admin.media import media_router
-from api.admin.metrics import RequestTimer, ServiceMetrics, metrics_router
+from api.admin.metrics import ServiceMetrics, metrics_router
 from api.admin.queue import operator_router
 from api.context import ApiContext
 from api.deps import submitter_dependency
@@ -93,14 +93,13 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(r2v_router(ctx, polls))
     videos = VideoServing(ctx)
     app.include_router(openai_router(ctx, videos, polls))
-    app.add_middleware(PollFastPath, polls=polls, keys=ctx.keys)
+    app.add_middleware(PollFastPath, polls=polls, keys=ctx.keys, requests=metrics)  # times every request
     app.include_router(health_router(ctx))
     app.include_router(operator_router(ctx))
     app.include_router(worker_calls_router(ctx))
     submitter = submitter_dependency(ctx.keys, lambda message: ApiError(401, message))
     app.include_router(media_router(ctx.media_root), dependencies=[Depends(submitter)])
     app.include_router(metrics_router(metrics, submitter))
-    app.add_middleware(RequestTimer, metrics=metrics)  # outermost: the fast path's polls are timed too
     install_openapi(
         app, videos.served_or_none, submitter, openai_submitter(ctx.keys), browsable=not ctx.keys.enabled
     )

@@ -18,7 +18,6 @@ denoise), ``decoding``, ``writing``, ``merging``...).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -27,10 +26,8 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.core.timing import stage_durations
-from api.polls import POLL_ROUTE_KEY
 from shotloom import stages
 
 if TYPE_CHECKING:
@@ -43,12 +40,11 @@ UP_STATES = frozenset({"idle", "busy"})  # as /health's ``ready``
 STAGE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30)
-UNMATCHED_ROUTE = "unmatched"  # no route: the label stays bounded whatever paths clients try
 
 
 class ServiceMetrics:
     """This process's registry: the event series, fed by the store's events and the HTTP
-    middleware, and a collector that reads the state series at each scrape."""
+    edge (api.polls), and a collector that reads the state series at each scrape."""
 
     def __init__(
         self,
@@ -99,6 +95,7 @@ class ServiceMetrics:
             buckets=HTTP_BUCKETS,
             registry=self.registry,
         )
+        self._http_children: dict[tuple[str, str, int], Any] = {}
         self.registry.register(StateCollector(store, workers, configured_workers))
         self.store = store
         store.events.add(self)
@@ -132,9 +129,13 @@ class ServiceMetrics:
         outcome = {"delivered": "delivered", "pending": "retrying"}.get(delivery.status, "gave_up")
         self.deliveries.labels(outcome).inc()
 
-    # -- HTTP -----------------------------------------------------------------------------------------
+    # -- HTTP (api.polls.PollFastPath times every request) ------------------------------------------
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        self.http_seconds.labels(method, route, str(status)).observe(seconds)
+        key = (method, route, status)
+        child = self._http_children.get(key)
+        if child is None:  # once a label set: labels() validates and locks, on the pollers' path
+            child = self._http_children[key] = self.http_seconds.labels(method, route, str(status))
+        child.observe(seconds)
 
 
 class StateCollector(Collector):
@@ -198,43 +199,6 @@ class StateCollector(Collector):
             if pool == "device" and snap.get("weight_location"):
                 weights.add_metric([name, snap["weight_location"]], 1)
         yield from (up, busy, memory, weights)
-
-
-class RequestTimer:
-    """ASGI middleware timing every HTTP request until its response is sent, labelled by the
-    route template that answered it (``/version/{version_id}``), never by the raw path."""
-
-    def __init__(self, app: ASGIApp, metrics: ServiceMetrics):
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start = time.perf_counter()
-        status = 500  # an app that raised before answering
-
-        async def sent(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, sent)
-        finally:
-            self.metrics.observe_request(
-                scope["method"], route_template(scope), status, time.perf_counter() - start
-            )
-
-
-def route_template(scope: Scope) -> str:
-    """The template of the route that answered (FastAPI's, or the pollers' fast path's)."""
-    route = scope.get("route")
-    path = getattr(route, "path", None)
-    if isinstance(path, str):
-        return path
-    return scope.get(POLL_ROUTE_KEY) or UNMATCHED_ROUTE
 
 
 def metrics_router(metrics: ServiceMetrics, submitter: Callable[..., Any]) -> APIRouter:
