@@ -17,7 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from shotloom import ENV_PREFIX
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+_PACKAGES_PARENT = Path(__file__).resolve().parent.parent
+# What relative paths in the YAMLs are relative to: the checkout the packages are in, or, for an
+# installed package (`pip install .`: the packages sit in site-packages), the working directory.
+REPO_ROOT = _PACKAGES_PARENT if (_PACKAGES_PARENT / "pyproject.toml").is_file() else Path.cwd()
 DEFAULT_INFERENCE_CONFIG = REPO_ROOT / "configs" / "inference.wan-tiny.yaml"
 
 

@@ -79,3 +79,20 @@ def test_serve_is_the_servers_own_command():
     done = shotloom("serve", "--help")
     assert done.returncode == 0 and "--role" in done.stdout and "--config" in done.stdout
     assert shotloom("--help").stdout.count("serve") >= 1
+
+
+def test_an_installed_package_reads_relative_paths_from_the_working_directory(tmp_path):
+    """`pip install .` puts the packages in site-packages, with no configs/ beside them: the
+    YAMLs' relative paths are then the working directory's (a checkout's own stay the checkout's)."""
+    site, work = tmp_path / "site-packages", tmp_path / "work"
+    shutil.copytree(REPO_ROOT / "shotloom", site / "shotloom", ignore=shutil.ignore_patterns("__pycache__"))
+    work.mkdir()
+    code = "from shotloom.config import REPO_ROOT; print(REPO_ROOT)"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    installed = subprocess.run(
+        [sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True
+    )
+    assert installed.returncode == 0, installed.stderr
+    assert installed.stdout.strip() == str(work)
+    checkout = subprocess.run([sys.executable, "-c", code], cwd=work, capture_output=True, text=True)
+    assert checkout.stdout.strip() == str(REPO_ROOT)
