@@ -42,7 +42,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     metrics = ServiceMetrics(
         ctx.store,
         lambda: ctx.background.workers,
-        lambda: [*((n, "device") for n in ctx.worker_names), *((n, "media") for n in ctx.media_worker_names)],
+        lambda: {"device": ctx.worker_names, "media": ctx.media_worker_names},
     )
 
     @asynccontextmanager

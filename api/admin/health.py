@@ -13,6 +13,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.background.workers import READY_STATES, expected_workers
 from api.context import ApiContext
 
 HEALTH_CACHE_S = 1.0  # /health is polled by admission loops: ask Dagster at most once a second
@@ -93,14 +94,8 @@ def health(ctx: ApiContext) -> dict[str, Any]:
         webserver, daemon = False, None
     snaps = ctx.background.workers
 
-    def expected(pool: str, configured: list[str]) -> list[str]:
-        """This host's configured workers and every worker of the pool registered on any host
-        (one that stopped cleanly withdrew; one that vanished is missing until it is back)."""
-        registered = (n for n, s in snaps.items() if s.get("pool") == pool and s.get("state") != "stopped")
-        return list(dict.fromkeys([*configured, *registered]))
-
     workers = []
-    for name in expected("device", ctx.worker_names):
+    for name in expected_workers(snaps, "device", ctx.worker_names):
         s = snaps.get(name, {"state": "unregistered"})
         run_id = s.get("run_id")
         job = ctx.store.by_run_id(run_id) if run_id else None
@@ -110,7 +105,7 @@ def health(ctx: ApiContext) -> dict[str, Any]:
                 "host": s.get("host"),
                 "device": s.get("device"),
                 "state": s.get("state"),
-                "ready": s.get("state") in ("idle", "busy"),
+                "ready": s.get("state") in READY_STATES,
                 "task": {"version_id": job.version_id, "kind": job.kind, "stage": job.stage} if job else None,
                 "run_id": run_id,
                 "weight_location": s.get("weight_location"),
@@ -124,8 +119,8 @@ def health(ctx: ApiContext) -> dict[str, Any]:
         )
     media = [
         {"name": name, "state": (s := snaps.get(name, {"state": "unregistered"})).get("state"),
-         "ready": s.get("state") in ("idle", "busy"), "run_id": s.get("run_id")}
-        for name in expected("media", ctx.media_worker_names)
+         "ready": s.get("state") in READY_STATES, "run_id": s.get("run_id")}
+        for name in expected_workers(snaps, "media", ctx.media_worker_names)
     ]  # fmt: skip
     ready = {
         "api": ctx.background.started,

@@ -27,7 +27,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from api.background.workers import READY_STATES, expected_workers
 from api.core.timing import stage_durations
+from api.store.jobs import started_at
 from shotloom import stages
 
 if TYPE_CHECKING:
@@ -36,7 +38,6 @@ if TYPE_CHECKING:
 
 # Which pool runs each kind of job's first run.
 POOL_OF_KIND = {"r2v": "device", "merge": "media"}
-UP_STATES = frozenset({"idle", "busy"})  # as /health's ``ready``
 STAGE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30)
@@ -50,8 +51,10 @@ class ServiceMetrics:
         self,
         store: Store,
         workers: Callable[[], Mapping[str, Mapping[str, Any]]],
-        configured_workers: Callable[[], Iterable[tuple[str, str]]],
+        configured_workers: Callable[[], Mapping[str, list[str]]],
     ):
+        """``workers``: each registered worker's latest status; ``configured_workers``: this host's
+        configured workers by pool (``device``, ``media``)."""
         self.registry = CollectorRegistry()
         self.accepted = Counter(
             "shotloom_jobs_accepted", "Jobs accepted.", ["kind", "dialect"], registry=self.registry
@@ -118,9 +121,9 @@ class ServiceMetrics:
         durations = stage_durations(live.stage_times, job.finished_at)
         for stage, seconds in durations.items():
             self.stage_seconds.labels(job.kind, stage).observe(seconds)
-        working = [at for stage, at in live.stage_times.items() if stage != stages.QUEUED]
-        if working and job.finished_at is not None:
-            self.job_seconds.labels(job.kind, job.status).observe(max(0.0, job.finished_at - min(working)))
+        started = started_at(live)
+        if started is not None and job.finished_at is not None:
+            self.job_seconds.labels(job.kind, job.status).observe(max(0.0, job.finished_at - started))
         steps = job.result.num_inference_steps if job.result is not None else None
         if job.status == "succeeded" and steps and stages.INFERRING in durations:
             self.step_seconds.observe(durations[stages.INFERRING] / steps)
@@ -145,7 +148,7 @@ class StateCollector(Collector):
         self,
         store: Store,
         workers: Callable[[], Mapping[str, Mapping[str, Any]]],
-        configured_workers: Callable[[], Iterable[tuple[str, str]]],
+        configured_workers: Callable[[], Mapping[str, list[str]]],
     ):
         self.store, self.workers, self.configured_workers = store, workers, configured_workers
 
@@ -181,13 +184,16 @@ class StateCollector(Collector):
             labels=["worker", "location"],
         )  # fmt: skip
         snaps = self.workers()
-        names = dict(self.configured_workers())  # name -> pool; registered ones on any host too
-        names.update({n: s.get("pool") for n, s in snaps.items() if s.get("state") != "stopped"})
-        for name, pool in names.items():
+        # The workers /health lists: configured here or registered on any host.
+        listed = [
+            (name, pool)
+            for pool, configured in self.configured_workers().items()
+            for name in expected_workers(snaps, pool, configured)
+        ]
+        for name, pool in listed:
             snap = snaps.get(name, {})
             state = snap.get("state")
-            pool = snap.get("pool") or pool or ""
-            up.add_metric([name, pool], 1 if state in UP_STATES else 0)
+            up.add_metric([name, pool], 1 if state in READY_STATES else 0)
             busy.add_metric([name, pool], 1 if state == "busy" else 0)
             resources = snap.get("resources") or {}
             if "gpu_free_bytes" in resources and "gpu_total_bytes" in resources:

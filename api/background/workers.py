@@ -9,6 +9,14 @@ from orchestration.launcher import WorkerError, worker_status
 from orchestration.registry import WorkerRegistry
 
 STATUS_TIMEOUT_S = 2.0  # a worker busy denoising still answers /status from its own thread
+READY_STATES = frozenset({"idle", "busy"})  # a worker that takes runs (/health's ready, /metrics' up)
+
+
+def expected_workers(snapshots: dict[str, dict[str, Any]], pool: str, configured: list[str]) -> list[str]:
+    """This host's configured workers of ``pool`` and every worker of the pool registered on any
+    host (one that stopped cleanly withdrew; one that vanished is missing until it is back)."""
+    registered = (n for n, s in snapshots.items() if s.get("pool") == pool and s.get("state") != "stopped")
+    return list(dict.fromkeys([*configured, *registered]))
 
 
 class WorkerStatuses:
