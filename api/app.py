@@ -36,6 +36,7 @@ from api.openapi import install as install_openapi
 from api.polls import PollFastPath, PollRoutes
 from api.r2v.protocol import validation_error_body
 from api.r2v.router import r2v_router
+from api.store import StoreUnavailable
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
@@ -88,6 +89,20 @@ def create_app(ctx: ApiContext) -> FastAPI:
     @app.exception_handler(OpenAIError)
     async def _openai_error(_request: Request, exc: OpenAIError) -> JSONResponse:
         return openai_error_response(exc)
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store_away(request: Request, _exc: StoreUnavailable) -> JSONResponse:
+        """The database is away (any route, either dialect): 503 and when to try again, never 500.
+        Nothing was changed, so the same request (its idempotency key too) can simply be sent again."""
+        message = (
+            "the service's database is unavailable; nothing was changed: retry after Retry-After seconds"
+        )
+        retry = ctx.api.store_retry_after_seconds
+        if is_openai_path(request.url.path):
+            headers = {"Retry-After": str(retry)}
+            return openai_error_response(OpenAIError(503, message, code="store_unavailable", headers=headers))
+        error = ApiError(503, message, retry_after_s=retry)
+        return JSONResponse(error.body(), status_code=503, headers=error.headers())
 
     polls = PollRoutes()
     app.include_router(r2v_router(ctx, polls))

@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import KeyRing
+from api.store import StoreUnavailable
 
 # A job's cached answer for an id taken from the path; None: let the route say why not.
 Answer = Callable[[str], Response | None]
@@ -49,7 +50,10 @@ class PollRoutes:
         for prefix, (template, answer) in self._answers.items():
             if path.startswith(prefix):
                 key = path[len(prefix) :]
-                response = answer(key) if key and "/" not in key else None
+                try:
+                    response = answer(key) if key and "/" not in key else None
+                except StoreUnavailable:  # the route answers it (503 in its dialect's shape)
+                    return None
                 return None if response is None else (template, response)
         return None
 

@@ -131,8 +131,8 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
     def _live_limits(self, limits) -> list[dict[str, Any]]:
         """One slot per worker alive in the registry, per pool (a pool's tag not in the YAML's
         limits is left alone: no such pool here)."""
-        records = WorkerRegistry(self._instance.run_storage).records()
-        alive = [r for r in records if r.alive(self._heartbeat_timeout)]
+        registry = WorkerRegistry(self._instance.run_storage, self._heartbeat_timeout)
+        alive = [r for r in registry.records() if registry.alive(r)]
         counts = {tag: sum(r.pool == pool for r in alive) for pool, tag in POOL_TAGS.items()}
         return [
             {**limit, "limit": counts[limit["key"]]} if limit.get("key") in counts else dict(limit)

@@ -164,7 +164,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
 
     @property
     def registry(self) -> WorkerRegistry:
-        return WorkerRegistry(self._instance.run_storage)
+        return WorkerRegistry(self._instance.run_storage, self.heartbeat_timeout)
 
     def _record(self, name: str) -> WorkerRecord | None:
         return self.registry.get(name)
@@ -179,7 +179,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         deadline = time.monotonic() + self.launch_timeout
         while True:
             for record in self.registry.records(pool):
-                if not record.alive(self.heartbeat_timeout):
+                if not self.registry.alive(record):
                     continue
                 try:
                     status = worker_status(record.url, timeout=self.request_timeout)
@@ -290,7 +290,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             return CheckRunHealthResult(WorkerStatus.FAILED, f"worker {name} is gone", run_worker_id=name)
         if record.boot_id != boot_id:
             return CheckRunHealthResult(WorkerStatus.FAILED, f"worker {name} restarted", run_worker_id=name)
-        if not record.alive(self.heartbeat_timeout):
+        if not self.registry.alive(record):
             why = "stopped" if record.heartbeat <= 0 else "died" if record.local else "stopped beating"
             return CheckRunHealthResult(WorkerStatus.FAILED, f"worker {name} {why}", run_worker_id=name)
         try:

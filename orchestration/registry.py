@@ -38,10 +38,16 @@ class WorkerRecord:
     heartbeat: float = 0.0  # unix time of the last beat; 0: withdrawn (stopped cleanly)
     capabilities: dict[str, Any] | None = None
 
-    def alive(self, stale_after_s: float, now: float | None = None) -> bool:
-        """Beating recently (and, on this host, its process still there)."""
+    def alive(
+        self, stale_after_s: float, now: float | None = None, watched_since: float | None = None
+    ) -> bool:
+        """Beating recently (and, on this host, its process still there). ``watched_since``: since
+        when the judge has seen the registry without a gap (see :class:`WorkerRegistry`); silence
+        from before that is not held against the worker."""
         now = time.time() if now is None else now
-        if self.heartbeat <= 0 or now - self.heartbeat > stale_after_s:
+        if self.heartbeat <= 0:
+            return False  # withdrawn
+        if now - max(self.heartbeat, watched_since or 0.0) > stale_after_s:
             return False
         return not self.local or _pid_alive(self.pid)
 
@@ -68,14 +74,75 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-class WorkerRegistry:
-    """Records of the workers, on a Dagster run storage (``instance.run_storage``)."""
+class _Watch:
+    """Since when this process has seen its storage without a failure. The storage away for a while
+    (PostgreSQL restarting) stops every worker's beats and every judge's reads alike, and the
+    records then read stale though nobody died: a judge counts a worker's silence only from the
+    end of its own blindness. Any connection error of any engine in the process counts (the
+    daemon's run monitoring fails on its run query before it reaches the registry), through
+    SQLAlchemy's ``handle_error`` event, installed once a judge exists."""
 
-    def __init__(self, run_storage):
+    def __init__(self) -> None:
+        self.since: float | None = None  # None: blind now (the last attempt failed), or no read yet
+        self._installed = False
+
+    def install(self) -> None:
+        if self._installed:
+            return
+        from sqlalchemy import event, exc
+        from sqlalchemy.engine import Engine
+
+        def on_error(context) -> None:
+            error = context.sqlalchemy_exception
+            if context.is_disconnect or isinstance(error, exc.OperationalError | exc.InterfaceError):
+                self.failed()
+
+        event.listen(Engine, "handle_error", on_error)
+        self._installed = True
+
+    def read(self) -> None:
+        if self.since is None:
+            self.since = time.time()
+
+    def failed(self) -> None:
+        self.since = None
+
+    def seen_since(self) -> float:
+        """When the current unbroken view began (now, while blind: nobody is judged dead blind)."""
+        return time.time() if self.since is None else self.since
+
+
+_watch = _Watch()  # per process: every registry object of a process reads the same storage
+
+
+class WorkerRegistry:
+    """Records of the workers, on a Dagster run storage (``instance.run_storage``). ``stale_after_s``:
+    the heartbeat timeout a reader that judges liveness (:meth:`alive`) goes by."""
+
+    def __init__(self, run_storage, stale_after_s: float | None = None):
         self.storage = run_storage
+        self.stale_after_s = stale_after_s
+        if stale_after_s is not None:
+            _watch.install()
+
+    def _read(self, keys: set[str]) -> dict[str, str]:
+        try:
+            values = self.storage.get_cursor_values(keys)
+        except Exception:
+            _watch.failed()
+            raise
+        _watch.read()
+        return values
+
+    def alive(self, record: WorkerRecord, now: float | None = None) -> bool:
+        """``record`` beating within the heartbeat timeout, counted from the end of this process's
+        last blindness to the storage (a record just read by :meth:`get` or :meth:`records`)."""
+        if self.stale_after_s is None:
+            raise ValueError("a registry that judges liveness needs its stale_after_s")
+        return record.alive(self.stale_after_s, now, watched_since=_watch.seen_since())
 
     def _names(self) -> list[str]:
-        raw = self.storage.get_cursor_values({INDEX_KEY}).get(INDEX_KEY)
+        raw = self._read({INDEX_KEY}).get(INDEX_KEY)
         try:
             names = json.loads(raw) if raw else []
         except ValueError:
@@ -99,13 +166,13 @@ class WorkerRegistry:
             self.storage.set_cursor_values({RECORD_PREFIX + name: json.dumps(asdict(stopped))})
 
     def get(self, name: str) -> WorkerRecord | None:
-        raw = self.storage.get_cursor_values({RECORD_PREFIX + name}).get(RECORD_PREFIX + name)
+        raw = self._read({RECORD_PREFIX + name}).get(RECORD_PREFIX + name)
         return WorkerRecord.parse(raw) if raw else None
 
     def records(self, pool: str | None = None) -> list[WorkerRecord]:
         """Every registered worker (of ``pool``), alive or not, by name."""
         keys = {RECORD_PREFIX + n for n in self._names()}
-        values = self.storage.get_cursor_values(keys) if keys else {}
+        values = self._read(keys) if keys else {}
         parsed = (WorkerRecord.parse(v) for v in values.values())
         return sorted((r for r in parsed if r is not None and pool in (None, r.pool)), key=lambda r: r.name)
 

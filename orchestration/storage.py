@@ -93,3 +93,44 @@ def dagster_postgres_url(url: str) -> str:
     if parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg"):
         parsed = parsed.set(drivername="postgresql+psycopg2")
     return parsed.render_as_string(hide_password=False)
+
+
+def wait_out_postgres_outages(patience_s: float) -> None:
+    """Make this process's Dagster PostgreSQL storages wait for the server up to ``patience_s``.
+
+    Every connection they open (NullPool: one per operation) goes through
+    ``dagster_postgres.utils.retry_pg_connection_fn``, which gives up after 5 tries over ~6 s. A
+    worker running a run would then fail it at its next event when PostgreSQL restarts or fails
+    over, and could not even record that. With this, the run's next write (a stage, a step's end,
+    its outcome) waits for the server instead, and the run goes on where it was. Only the module's
+    name is replaced: the storages look it up at each connection (dagster is pinned exactly)."""
+    import random
+    import time
+
+    import sqlalchemy
+    from dagster_postgres import utils
+
+    base_wait_s, max_wait_s = 0.2, 2.0
+
+    def patient(fn, retry_limit: int = 5, retry_wait: float = base_wait_s):  # Dagster's signature
+        deadline = time.monotonic() + patience_s
+        wait, warned = retry_wait, False
+        while True:
+            try:
+                return fn()
+            except (
+                sqlalchemy.exc.DatabaseError,
+                sqlalchemy.exc.OperationalError,
+                sqlalchemy.exc.TimeoutError,
+            ) as exc:
+                if time.monotonic() >= deadline:
+                    raise utils.DagsterPostgresException(
+                        f"PostgreSQL unreachable for more than {patience_s:g} s"
+                    ) from exc
+                if not warned:
+                    log.warning("Dagster's PostgreSQL unreachable, waiting up to %g s: %s", patience_s, exc)
+                    warned = True
+            time.sleep(wait * random.uniform(0.5, 1.0))
+            wait = min(wait * 2, max_wait_s)
+
+    utils.retry_pg_connection_fn = patient

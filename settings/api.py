@@ -165,7 +165,21 @@ class ApiConfig(_Strict):
     )
     callback_max_attempts: int = Field(default=8, ge=0, description="0 = retry forever.")
     callback_backoff_seconds: float = Field(default=2.0, ge=0)
-    callback_timeout_seconds: float = Field(default=10.0, gt=0)
+    callback_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="The whole of one delivery attempt (connect, send, the receiver's answer): past it "
+        "the attempt failed and is retried with backoff, however slowly the receiver trickles bytes.",
+    )
+    callback_concurrency: int = Field(
+        default=16, ge=1, description="Deliveries in flight at once (per API process)."
+    )
+    callback_concurrency_per_host: int = Field(
+        default=4,
+        ge=1,
+        description="Of those, at most this many to one receiver host: a receiver that hangs holds "
+        "this many slots, never the others' callbacks.",
+    )
     access_log: bool = Field(
         default=False,
         description="Log every request (uvicorn's access log). Off by default: under 50 pollers it was "
@@ -192,6 +206,18 @@ class ApiConfig(_Strict):
     )
     max_queue: int = Field(
         default=100, ge=1, description="Queued jobs (per kind) past which POST answers 503."
+    )
+    min_free_mb: int = Field(
+        default=256,
+        ge=0,
+        description="Free space the media root's and the state directory's disks keep: below it, new "
+        "work is refused (507, both dialects) and /health is 503 until space is freed (0: never).",
+    )
+    store_retry_after_seconds: int = Field(
+        default=5,
+        ge=1,
+        description="Retry-After of the 503 a request gets while the service's database is away "
+        "(PostgreSQL restarting or unreachable, SQLite's disk full): nothing was changed, try again.",
     )
     inputs: InputPolicy = Field(default_factory=InputPolicy)
     sampling: SamplingLimits = Field(default_factory=SamplingLimits)

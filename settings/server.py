@@ -186,6 +186,13 @@ class RuntimeConfig(_Strict):
         gt=0,
         description="A worker silent this long is dead: its runs are resumed or retried elsewhere.",
     )
+    storage_outage_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long a worker waits for Dagster's PostgreSQL storage when it goes away "
+        "(a restart, a failover) before failing what it was doing: a run in flight waits at its next "
+        "write and goes on, its outcome recorded once the server is back.",
+    )
 
 
 class RetriesConfig(_Strict):

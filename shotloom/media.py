@@ -13,9 +13,11 @@ reader never sees a partial MP4 (or PNG: thumbnails and spritesheets are written
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import os
+import shutil
 import wave
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -165,16 +167,41 @@ def _open_input(path: Path) -> Any:
         raise ValueError(f"cannot read media file {path}: {e}") from e
 
 
+class NoSpaceLeft(OSError):
+    """A file could not be written for want of room: names the file and what was free."""
+
+
 @contextmanager
 def _atomic_output(path: Path) -> Iterator[Path]:
-    """Yield a temp path beside ``path``; rename it onto ``path`` only if the body succeeds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Yield a temp path beside ``path``; rename it onto ``path`` only if the body succeeds. A full
+    disk (or quota) leaves nothing behind and says so, with the path and the room there."""
     tmp = path.with_name(f".{path.name}.{uuid4().hex}.part")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
         os.replace(tmp, path)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        tmp.unlink(missing_ok=True)  # before measuring: what it took is free again
+        try:
+            free: int | str = free_bytes(path.parent)
+        except OSError:
+            free = "unknown"
+        raise NoSpaceLeft(
+            exc.errno,
+            f"no space left to write {path}: {free} bytes free on its disk after dropping the partial file",
+        ) from exc
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the disk that holds ``path`` (a path not made yet: its nearest parent's)."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
 
 
 def _open_mp4_output(tmp: Path) -> Any:

@@ -66,6 +66,7 @@ class PostgresServer:
     base_url: URL  # the maintenance database, driver postgresql+psycopg
     root: Path | None = None  # our temporary cluster directory (None: an external server)
     user: str | None = None
+    start_command: list[str] = field(default_factory=list)  # pg_ctl ... start, as it was started
     _names: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def fresh_url(self, prefix: str = "t") -> str:
@@ -92,17 +93,40 @@ class PostgresServer:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.base_url.set(drivername="postgresql", database=name).render_as_string(hide_password=False)
 
+    def go_away(self) -> None:
+        """Stop the server as a restart or a crash does (clients cut off at once), keeping its data."""
+        if self.root is None:
+            raise RuntimeError("an external server cannot be stopped by the tests")
+        self._stop_immediately(check=True)
+
+    def _stop_immediately(self, check: bool) -> None:
+        subprocess.run(
+            ["pg_ctl", "-D", str(self.root / "data"), "-m", "immediate", "-w", "-s", "stop"],
+            user=self.user,
+            capture_output=True,
+            timeout=30,
+            check=check,
+        )
+
+    def come_back(self) -> None:
+        """Start it again on the same port, with the same data."""
+        proc = subprocess.run(
+            self.start_command,
+            user=self.user,
+            env={**os.environ, "LC_ALL": "C", "LANG": "C"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"PostgreSQL did not start again: {proc.stderr}")
+
     def stop(self) -> None:
         if self.root is None:
             return
         try:
-            subprocess.run(
-                ["pg_ctl", "-D", str(self.root / "data"), "-m", "immediate", "-w", "-s", "stop"],
-                user=self.user,
-                capture_output=True,
-                timeout=30,
-                check=False,
-            )
+            self._stop_immediately(check=False)
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
             self.root = None
@@ -142,8 +166,9 @@ def start() -> PostgresServer:
             )
             log = root / f"server-{port}.log"
             pg_ctl = ["pg_ctl", "-D", str(data), "-w", "-s"]
+            start_command = [*pg_ctl, "-l", str(log), "-o", options, "-t", "30", "start"]
             proc = subprocess.run(
-                [*pg_ctl, "-l", str(log), "-o", options, "-t", "30", "start"],
+                start_command,
                 user=user,
                 env=env,
                 capture_output=True,
@@ -155,7 +180,7 @@ def start() -> PostgresServer:
                 url = URL.create(
                     "postgresql+psycopg", _SUPERUSER, host="127.0.0.1", port=port, database="postgres"
                 )
-                return PostgresServer(base_url=url, root=root, user=user)
+                return PostgresServer(base_url=url, root=root, user=user, start_command=start_command)
             last_error = proc.stderr + (log.read_text(errors="replace") if log.exists() else "")
             # A start that timed out may have left a postmaster behind: stop it before retrying.
             subprocess.run(

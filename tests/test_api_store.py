@@ -215,6 +215,21 @@ def test_artifacts_and_input_assets(store):
     assert store.get_input_asset("cd" * 32).path == "cd/cdcd.png"
 
 
+def test_a_claimed_callback_attempt_is_nobody_elses_until_its_lease_ends(store):
+    t0 = 2_000_000.0
+    v = store.accept(_job("claim")).version_id
+    d = store.enqueue_callback(v, "http://cb/hook", {}, now=t0)
+    assert store.claim_callbacks([], t0 + 40, now=t0) == []
+    [claimed] = store.claim_callbacks([d], t0 + 40, now=t0)
+    assert (claimed.delivery_id, claimed.attempts) == (d, 0)
+    assert store.claim_callbacks([d], t0 + 40, now=t0 + 1) == []  # taken: another process gets none
+    assert store.due_callbacks(t0 + 39) == []
+    # The process that claimed it died mid-attempt: due again when the lease ends.
+    assert [x.delivery_id for x in store.claim_callbacks([d], t0 + 80, now=t0 + 40)] == [d]
+    store.record_attempt(d, ok=True, now=t0 + 41)
+    assert store.claim_callbacks([d], t0 + 200, now=t0 + 100) == []  # delivered: never again
+
+
 def test_callback_outbox_schedule(store):
     v = store.accept(_job("cb")).version_id
     t0 = 1_000_000.0

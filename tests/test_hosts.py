@@ -42,6 +42,7 @@ def png_data_url(seed: int) -> str:
 
 
 JOBS = 12
+OUTAGE_S = 30  # PostgreSQL away mid-load, longer than every heartbeat timeout and retry window
 
 
 @pytest.fixture(scope="module")
@@ -177,13 +178,39 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
         kill_tree(host_b.proc.pid)  # the host vanishes
         killed_at = time.time()
 
+        # Then the database goes away mid-load (PostgreSQL restarting, or a long failover) while
+        # host A generates: nothing accepted is lost, nothing runs twice, clients are told to wait.
+        late = {"work_id": "hosts", "shot_id": "late", "prompt": "sent while the database is away",
+                "memory_slots": [], "seed": 99, "job_id": "late-1", "callback_url": receiver.url}  # fmt: skip
+        postgres.go_away()
+        away_at = time.time()
+        try:
+            refused = client.post("/r2v", json=late)
+            assert refused.status_code == 503, refused.text
+            assert int(refused.headers["Retry-After"]) >= 1 and "database" in refused.json()["error"]
+            v1 = client.post("/v1/videos", data={"prompt": "a kite"})
+            assert v1.status_code == 503 and v1.json()["error"]["code"] == "store_unavailable", v1.text
+            assert "Retry-After" in v1.headers
+            polled = client.get(f"/version/{versions[0]}")  # its last known view, or told to wait
+            assert polled.status_code in (200, 503), polled.text
+            health = client.get("/health")
+            assert health.status_code == 503 and health.json()["ready"]["store"] is False, health.text
+            time.sleep(max(0.0, OUTAGE_S - (time.time() - away_at)))
+        finally:
+            postgres.come_back()
+        accepted = wait_for(
+            lambda: (r := client.post("/r2v", json=late)).status_code == 202 and r, 60, "a submission again"
+        )
+        versions.append(accepted.json()["version_id"])
+
         def finished():
             bodies = [client.get(f"/version/{v}").json() for v in versions]
             return bodies if all(b["status"] in ("succeeded", "failed") for b in bodies) else None
 
         done = wait_for(finished, 300, "every job to finish", interval=1)
-        assert [b["status"] for b in done] == ["succeeded"] * JOBS, [(b["status"], b["error"]) for b in done]
-        wait_for(lambda: len(receiver.delivered) >= JOBS, 60, "every callback")
+        statuses = [b["status"] for b in done]
+        assert statuses == ["succeeded"] * (JOBS + 1), [(b["status"], b["error"]) for b in done]
+        wait_for(lambda: len(receiver.delivered) >= JOBS + 1, 60, "every callback")
         time.sleep(1)
         delivered = collections.Counter(d["body"]["version_id"] for d in receiver.delivered)
         assert dict(delivered) == {v: 1 for v in versions}  # exactly once each

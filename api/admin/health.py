@@ -1,8 +1,8 @@
-"""``GET /health``: the service is ready when the API, the Dagster webserver and daemon, and every
-configured device and media worker are up (503 otherwise, with what is missing); both dialects share
-it. ``status``: ``ok`` (200); ``starting`` (503) while parts are still coming up; ``degraded`` (503)
-once a part is gone: a worker that vanished, stopped or is stopping, or any part down after the
-service had been ``ok``."""
+"""``GET /health``: the service is ready when the API, the Dagster webserver and daemon, every
+configured device and media worker, and the service's database are up (503 otherwise, with what
+is missing); both dialects share it. ``status``: ``ok`` (200); ``starting`` (503) while parts
+are still coming up; ``degraded`` (503) once a part is gone: a worker that vanished, stopped or
+is stopping, or any part down after the service had been ``ok``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.background.workers import READY_STATES, expected_workers
 from api.context import ApiContext
+from api.store import STATUSES, StoreUnavailable
 
 HEALTH_CACHE_S = 1.0  # /health is polled by admission loops: ask Dagster at most once a second
 # Worker states that mean it is gone (the follower's ``unreachable``/``stopped``, the worker's own
@@ -93,12 +94,23 @@ def health(ctx: ApiContext) -> dict[str, Any]:
     except Exception:
         webserver, daemon = False, None
     snaps = ctx.background.workers
+    names = expected_workers(snaps, "device", ctx.worker_names)
+    try:  # the database away: /health still answers (503, what the store would say left out)
+        queues = {kind: ctx.store.counts_by_status(kind) for kind in ("r2v", "merge")}
+        run_ids = [run_id for name in names if (run_id := snaps.get(name, {}).get("run_id"))]
+        jobs = {run_id: ctx.store.by_run_id(run_id) for run_id in run_ids}
+        store_ok = True
+    except StoreUnavailable:
+        queues = {kind: dict.fromkeys(STATUSES, 0) for kind in ("r2v", "merge")}
+        jobs, store_ok = {}, False
+
+    disks = ctx.jobs.volumes()
 
     workers = []
-    for name in expected_workers(snaps, "device", ctx.worker_names):
+    for name in names:
         s = snaps.get(name, {"state": "unregistered"})
         run_id = s.get("run_id")
-        job = ctx.store.by_run_id(run_id) if run_id else None
+        job = jobs.get(run_id) if run_id else None
         workers.append(
             {
                 "name": name,
@@ -128,8 +140,9 @@ def health(ctx: ApiContext) -> dict[str, Any]:
         "daemon": bool(daemon),
         "workers": bool(workers) and all(w["ready"] for w in workers),  # one device at least
         "media_workers": bool(media) and all(w["ready"] for w in media),  # shots end on one
+        "store": store_ok,  # the service's database answers
+        "disk": all(v.ok for v in disks),  # room on the media root's and state dir's disks
     }
-    queues = {kind: ctx.store.counts_by_status(kind) for kind in ("r2v", "merge")}
     busy = sum(1 for w in workers if w["state"] == "busy")
     status = health_status(ready, [*workers, *media], ctx.health_was_ok)
     ctx.health_was_ok = ctx.health_was_ok or status == "ok"
@@ -155,6 +168,10 @@ def health(ctx: ApiContext) -> dict[str, Any]:
         },
         ffmpeg_available=ffmpeg_available(),
         ready=ready,
+        disk=[
+            {"name": v.name, "free_bytes": v.free_bytes, "min_free_bytes": v.min_free_bytes, "ok": v.ok}
+            for v in disks
+        ],
     ).model_dump(mode="json")
     ctx.health_cache = (now, body)
     return body

@@ -14,7 +14,7 @@ from api.background.submitter import Submitter
 from api.background.tracker import Tracker
 from api.background.workers import WorkerStatuses
 from api.dagster import DagsterUnavailable, Gateway
-from api.store import Store
+from api.store import Store, StoreUnavailable
 from orchestration.registry import WorkerRegistry
 from settings.api import ApiConfig
 
@@ -131,16 +131,20 @@ class Background:
         while not self.stopping.is_set():
             try:
                 duty()
-            except DagsterUnavailable as exc:  # starting or restarting: jobs wait in the store
-                if down_since is None:
+            except (DagsterUnavailable, StoreUnavailable) as exc:  # restarting, or away a while:
+                if down_since is None:  # accepted jobs wait in the store; ticks go on
                     down_since = time.monotonic()
-                    log.warning("Dagster unavailable, will retry: %s", exc)
+                    log.warning("%s unavailable, will retry: %s", _part(exc), exc)
             except Exception as exc:  # a locked DB, a bad answer...: next tick
                 log.warning("%s: %s", getattr(duty, "__name__", duty), exc)
             else:
                 if down_since is not None:
-                    log.info("Dagster reachable again after %.1fs", time.monotonic() - down_since)
+                    log.info("reachable again after %.1fs", time.monotonic() - down_since)
                     down_since = None
             # A rest of a whole interval after each tick (a worker's nudge ends it: a run ended).
             pause.wait(self.poll_seconds)
             pause.clear()
+
+
+def _part(exc: Exception) -> str:
+    return "the service's database" if isinstance(exc, StoreUnavailable) else "Dagster"

@@ -85,6 +85,12 @@ class EncoderMissing(ServiceError):
     code = "encoder_missing"
 
 
+class NoRoom(ServiceError):
+    """A disk the service writes to is (nearly) full: new work waits until space is freed."""
+
+    code = "insufficient_storage"
+
+
 class TooLarge(ServiceError):
     """A body or upload larger than allowed, or than the room left in the job store."""
 

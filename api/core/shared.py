@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from api.core.errors import Conflict, InvalidField, QueueFull, Unavailable
+from api.core.disk import Volume, volumes
+from api.core.errors import Conflict, InvalidField, NoRoom, QueueFull, Unavailable
 from api.core.inputs import InputAsset, InputError, Role, copy_into_assets, resolve_resource
 from api.core.references import InProcessReferences, ReferenceTaker
 from api.core.rules import RuleBook
@@ -74,6 +75,7 @@ class SharedSteps:
         self.api = api
         self.media = LocalMediaStore(media_root)  # every read and delete of media goes through it
         self.media_root = self.media.root
+        self.state_dir = Path(state_dir)
         self.assets_dir = assets_dir or api.assets_dir(state_dir)  # accepted inputs the workers read
         self.on_accept = on_accept or (lambda: None)
         self.published_capabilities = capabilities
@@ -104,7 +106,16 @@ class SharedSteps:
             )
         return self.store.get(version_id)
 
+    def volumes(self) -> list[Volume]:
+        """Free space on the media root's and the state directory's disks."""
+        places = {"media_root": self.media_root, "state_dir": self.state_dir}
+        return volumes(places, self.api.min_free_mb)
+
     def check_queue(self, kind: JobKind, need: int = 1) -> None:
+        """Room for ``need`` more jobs of ``kind``: on the disks, then in the queue."""
+        full = next((v for v in self.volumes() if not v.ok), None)
+        if full is not None:
+            raise NoRoom(full.refusal())
         queued = self.store.counts_by_status(kind)["queued"]
         if queued + need > self.api.max_queue:
             raise QueueFull(

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
-from api.store import ArtifactRecord, JobRecord, Store
+from api.store import ArtifactRecord, JobRecord, Store, StoreUnavailable
 
 # The store the views read, as a dialect names it: the dialects reach the store through the job
 # service's package, never api.store itself (an import contract).
@@ -69,7 +69,17 @@ class JobViews(Generic[T]):
         self._turn_commits: tuple[int | None] | None = None  # this loop turn's commit mark, once read
 
     def get(self, version_id: str) -> T | None:
-        """The job's view; None for an unknown version (or one ``render`` does not show)."""
+        """The job's view; None for an unknown version (or one ``render`` does not show). While the
+        database is away, the last view rendered here (else :class:`StoreUnavailable`)."""
+        try:
+            return self._get(version_id)
+        except StoreUnavailable:
+            cached = self._rendered.get(version_id)
+            if cached is None:
+                raise
+            return cached.value
+
+    def _get(self, version_id: str) -> T | None:
         # The commit mark, then the counters are read before the data: a write in between leaves
         # a stale stamp on a fresh view, which only costs one more render.
         commits = self._commits()

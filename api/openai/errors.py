@@ -18,6 +18,7 @@ from api.core.errors import (
     Conflict,
     EncoderMissing,
     InvalidField,
+    NoRoom,
     NotFound,
     NotReady,
     QueueFull,
@@ -38,6 +39,7 @@ _MAP: tuple[tuple[type[ServiceError], int, str], ...] = (
     (QueueFull, 429, "rate_limit_error"),
     (Unavailable, 503, "server_error"),
     (EncoderMissing, 501, "server_error"),
+    (NoRoom, 507, "server_error"),
     (TooLarge, 413, "invalid_request_error"),
     (BodyTimeout, 408, "invalid_request_error"),
 )

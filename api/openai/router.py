@@ -57,7 +57,12 @@ _CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorBody, "description": "An Idempotency-Key reused for another request."},
     429: {"model": ErrorBody, "description": "queue_full, with Retry-After."},
     501: {"model": ErrorBody, "description": "The H.264/AAC encoder is missing."},
-    503: {"model": ErrorBody, "description": "Not ready (starting, or no worker has loaded the model)."},
+    503: {
+        "model": ErrorBody,
+        "description": "Not ready (starting, or no worker has loaded the model), or the service's "
+        "database away (store_unavailable, with Retry-After; nothing was changed).",
+    },
+    507: {"model": ErrorBody, "description": "insufficient_storage: a disk the service writes to is full."},
 }
 
 

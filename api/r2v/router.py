@@ -32,7 +32,11 @@ _WRITE_ERRORS = {
     409: {"description": "Conflicting reuse of a job_id, or a referenced shot that is unavailable."},
     422: {"description": "Invalid field, resource URL/path, or media; the message names the field."},
     501: {"description": "The H.264/AAC encoder the MP4 writer needs is missing."},
-    503: {"description": "Not ready, or the queue is past its configured maximum."},
+    503: {
+        "description": "Not ready, the queue past its configured maximum, or the service's database "
+        "away (with Retry-After; nothing was changed)."
+    },
+    507: {"description": "A disk the service writes to is below api.min_free_mb: send again later."},
 }
 _REPLAY = {200: {"description": "Replay of an earlier job_id: the original task."}}
 

@@ -8,6 +8,7 @@ from api.core.errors import (
     Conflict,
     EncoderMissing,
     InvalidField,
+    NoRoom,
     NotFound,
     NotReady,
     QueueFull,
@@ -27,6 +28,7 @@ _STATUS: StatusTable = (
     (QueueFull, 503),
     (Unavailable, 503),
     (EncoderMissing, 501),
+    (NoRoom, 507),
     (TooLarge, 413),
     (BodyTimeout, 408),
 )

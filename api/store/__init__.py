@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from api.store.artifacts import ArtifactRecord, ArtifactStore
 from api.store.assets import AssetStore, CharacterRecord, InputAssetRecord
+from api.store.engine import StoreUnavailable
 from api.store.history import HistoryStore
 from api.store.jobs import (
     FINISHED,
@@ -61,6 +62,7 @@ __all__ = [
     "JobStatus",
     "NewJob",
     "Store",
+    "StoreUnavailable",
     "UnknownVersion",
     "backoff_delay",
     "payload_hash",

@@ -4,12 +4,14 @@ method runs in (a write counts what it changed: :mod:`api.store.changes`)."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import create_engine, event, exc, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -17,6 +19,44 @@ from api.store.changes import ChangeReader, Changes, count_changes, note_changes
 from api.store.events import StoreEvents
 
 _READ_OPTION = "shotloom_read_only"
+log = logging.getLogger("shotloom.api")
+WARN_EVERY_S = 10.0  # an unavailable database is logged at most this often
+_last_warned = -WARN_EVERY_S
+
+
+class StoreUnavailable(Exception):
+    """The database cannot answer now: PostgreSQL stopped, restarting or cut off by the network,
+    SQLite's disk full or its lock held past the busy timeout. Nothing was changed by the call
+    that raised it (its transaction rolled back); trying again later is right."""
+
+
+def _unreachable(error: BaseException) -> bool:
+    """Whether ``error`` says the database is away (or full) rather than that a statement is wrong."""
+    if isinstance(error, exc.DBAPIError):
+        return error.connection_invalidated or isinstance(error, exc.OperationalError | exc.InterfaceError)
+    # Raw driver errors, from the change reader's own connection (sqlite3's and psycopg's names).
+    return type(error).__name__ in ("OperationalError", "InterfaceError") and type(error).__module__ in (
+        "sqlite3",
+        "psycopg",
+        "psycopg.errors",
+    )
+
+
+@contextmanager
+def reachable() -> Iterator[None]:
+    """Raise :class:`StoreUnavailable` for a database that is away, instead of the driver's error."""
+    try:
+        yield
+    except StoreUnavailable:
+        raise
+    except Exception as error:
+        if not _unreachable(error):
+            raise
+        global _last_warned
+        if time.monotonic() - _last_warned > WARN_EVERY_S:  # once a while, not once a request
+            _last_warned = time.monotonic()
+            log.warning("store unavailable: %s", (str(error).splitlines() or [type(error).__name__])[0])
+        raise StoreUnavailable("the service's database is unavailable") from error
 
 
 def _sqlite_engine(url: str, busy_timeout_s: float) -> Engine:
@@ -123,7 +163,7 @@ class StoreEngine:
 
     @contextmanager
     def _write(self) -> Iterator[Session]:
-        with self._write_sessions() as session, session.begin():
+        with reachable(), self._write_sessions() as session, session.begin():
             yield session
             session.flush()
             count_changes(session)  # committed with the write, or rolled back with it
@@ -131,14 +171,16 @@ class StoreEngine:
     def changes(self, version_id: str) -> Changes:
         """The version's change counter (None: no such version) and the queues' (read them before
         what they cover: a write in between then costs one more read, never a stale answer)."""
-        return self._changes.read(version_id)
+        with reachable():
+            return self._changes.read(version_id)
 
     def commit_mark(self) -> int | None:
         """A number that changes whenever anything is committed (None: the backend has none): while
         it stays the same, every change counter does (see ``ChangeReader.commit_mark``)."""
-        return self._changes.commit_mark()
+        with reachable():
+            return self._changes.commit_mark()
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
-        with Session(self._read_engine, expire_on_commit=False) as session, session.begin():
+        with reachable(), Session(self._read_engine, expire_on_commit=False) as session, session.begin():
             yield session

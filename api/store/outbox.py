@@ -97,7 +97,9 @@ class OutboxStore(StoreEngine):
             row = s.scalars(select(CallbackOutbox).where(CallbackOutbox.version_id == version_id)).first()
             return _delivery_record(row) if row is not None else None
 
-    def due_callbacks(self, now: float | None = None, limit: int = 100) -> list[CallbackDelivery]:
+    def due_callbacks(
+        self, now: float | None = None, limit: int = 100, offset: int = 0
+    ) -> list[CallbackDelivery]:
         """Pending deliveries whose next attempt is due, earliest first (also what survives a restart)."""
         now = time.time() if now is None else now
         with self._read() as s:
@@ -106,7 +108,32 @@ class OutboxStore(StoreEngine):
                 .where(CallbackOutbox.status == "pending", CallbackOutbox.next_attempt_at <= now)
                 .order_by(CallbackOutbox.next_attempt_at, CallbackOutbox.created_at)
                 .limit(limit)
+                .offset(offset)
             ).all()
+            return [_delivery_record(r) for r in rows]
+
+    def claim_callbacks(
+        self, delivery_ids: list[str], lease_until: float, *, now: float | None = None
+    ) -> list[CallbackDelivery]:
+        """Take the given deliveries for one attempt each: those still pending and due move their next
+        attempt to ``lease_until`` and are returned, in one transaction. Another process (or a later
+        look) does not take them while the attempt runs; if this process dies during it, the
+        delivery is due again once the lease ends."""
+        if not delivery_ids:
+            return []
+        now = time.time() if now is None else now
+        with self._write() as s:
+            rows = s.scalars(
+                select(CallbackOutbox)
+                .where(
+                    CallbackOutbox.delivery_id.in_(delivery_ids),
+                    CallbackOutbox.status == "pending",
+                    CallbackOutbox.next_attempt_at <= now,
+                )
+                .with_for_update(skip_locked=True)
+            ).all()
+            for row in rows:
+                row.next_attempt_at = lease_until
             return [_delivery_record(r) for r in rows]
 
     def callback_backlog(self) -> int:

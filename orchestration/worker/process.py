@@ -48,11 +48,13 @@ class Worker:
     ):
         from dagster import DagsterInstance
 
+        from orchestration.storage import wait_out_postgres_outages
         from settings.server import RuntimeConfig
 
         self.name, self.device, self.threads, self.pool = name, device, threads, pool
         self.state_dir, self.warm = state_dir, warm
         self.runtime_cfg: RuntimeConfig = runtime_cfg or RuntimeConfig()
+        wait_out_postgres_outages(self.runtime_cfg.storage_outage_seconds)  # before the instance
         self.admission_plan: dict[str, Any] | None = None
         self.residency: dict[str, Any] | None = None
         self.boot_id = uuid.uuid4().hex

@@ -46,15 +46,11 @@ def _recover_orphans(worker: Worker) -> None:
         RunsFilter(statuses=[DagsterRunStatus.STARTING], tags={POOL_TAGS[worker.pool]: "1"})
     )
     now = time.time()
-    registry = WorkerRegistry(worker.instance.run_storage)
+    registry = WorkerRegistry(worker.instance.run_storage, worker.runtime_cfg.heartbeat_timeout_seconds)
 
     def owner_dead(run) -> bool:
         owner = registry.get(run.tags[WORKER_TAG])
-        return (
-            owner is None
-            or owner.boot_id != run.tags.get(BOOT_TAG)
-            or not owner.alive(worker.runtime_cfg.heartbeat_timeout_seconds)
-        )
+        return owner is None or owner.boot_id != run.tags.get(BOOT_TAG) or not registry.alive(owner)
 
     def orphaned(record) -> bool:
         run = record.dagster_run

@@ -1,0 +1,183 @@
+"""Callback delivery against receivers that misbehave: one that accepts the connection and never
+answers, one that trickles its answer a byte at a time (each read arrives before a per-read timeout
+would fire), beside a receiver that answers at once. Two deliverers (as two API processes) share one
+real SQLite store; receivers are real HTTP servers on loopback."""
+
+from __future__ import annotations
+
+import collections
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from api.background.callbacks import DELIVERY_HEADER, Callbacks
+from api.store import NewJob, Store, payload_hash
+from settings.api import ApiConfig
+
+
+class SilentReceiver:
+    """Accepts connections, reads what is sent, never answers (or trickles a byte every ``trickle_s``
+    forever). Counts the connections open at once."""
+
+    def __init__(self, trickle_s: float | None = None):
+        self.trickle_s = trickle_s
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hook"
+        self.open = 0
+        self.most_open = 0
+        self.connections = 0
+        self.lock = threading.Lock()
+        self.closing = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closing.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._hold, args=(conn,), daemon=True).start()
+
+    def _hold(self, conn: socket.socket) -> None:
+        with self.lock:
+            self.open += 1
+            self.connections += 1
+            self.most_open = max(self.most_open, self.open)
+        try:
+            conn.settimeout(0.2)
+            sent_status = False
+            while not self.closing.is_set():
+                try:
+                    if not conn.recv(65536):
+                        return  # the client gave up
+                except TimeoutError:
+                    pass
+                if self.trickle_s is not None:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\n" if not sent_status else b"X")
+                    sent_status = True
+                    time.sleep(self.trickle_s)
+        except OSError:
+            return
+        finally:
+            with self.lock:
+                self.open -= 1
+            conn.close()
+
+    def close(self) -> None:
+        self.closing.set()
+        self.sock.close()
+
+
+class GoodReceiver:
+    def __init__(self):
+        self.delivered: list[tuple[str, str, float]] = []  # (version, delivery id, when)
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                receiver.delivered.append((body["version_id"], self.headers[DELIVERY_HEADER], time.time()))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def receivers():
+    made = {"hung": SilentReceiver(), "trickle": SilentReceiver(trickle_s=0.2), "good": GoodReceiver()}
+    yield made
+    for r in made.values():
+        r.close()
+
+
+def _accept(store: Store, n: int, url: str) -> str:
+    request = {"work_id": "w", "shot_id": f"s{n}", "prompt": "p"}
+    job = NewJob(
+        kind="r2v",
+        work_id="w",
+        shot_id=f"s{n}",
+        job_id=f"job-{n}",
+        request=request,
+        payload_hash=payload_hash(request),
+    )
+    version = store.accept(job).version_id
+    store.enqueue_callback(version, url, {"version_id": version, "status": "succeeded"})
+    return version
+
+
+def test_hung_and_trickling_receivers_delay_no_other_callback_and_are_retried(tmp_path, receivers):
+    api = ApiConfig(
+        callback_timeout_seconds=1.5,
+        callback_backoff_seconds=0.2,
+        callback_max_attempts=2,
+        callback_concurrency=4,
+        callback_concurrency_per_host=2,
+    )
+    url = api.resolved_database_url(tmp_path / "state")
+    stores = [Store(url), Store(url)]  # two API processes' stores on one database
+    store = stores[0]
+    # The misbehaving receivers' callbacks are due first: a sequential outbox would wait on each.
+    hung = [_accept(store, n, receivers["hung"].url) for n in range(3)]
+    trickled = [_accept(store, n, receivers["trickle"].url) for n in range(3, 5)]
+    good = [_accept(store, n, receivers["good"].url) for n in range(5, 11)]
+
+    stopping = threading.Event()
+    deliverers = [Callbacks(s, api, stopping) for s in stores]
+    threads = [threading.Thread(target=d.loop, daemon=True) for d in deliverers]
+    started = time.time()
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.time() + 30
+        while len(receivers["good"].delivered) < len(good) and time.time() < deadline:
+            time.sleep(0.05)
+        # Every good callback arrived before any hung or trickled attempt had ended.
+        assert sorted(v for v, _, _ in receivers["good"].delivered) == sorted(good)
+        ended = [store.callback_for(v) for v in hung + trickled]
+        assert [d.attempts for d in ended] == [0] * len(ended), [(d.attempts, d.last_error) for d in ended]
+        assert (
+            max(when for _, _, when in receivers["good"].delivered) - started < api.callback_timeout_seconds
+        )
+
+        # The others are retried as configured, each attempt cut at the timeout (the trickle too).
+        def gave_up():
+            return all(store.callback_for(v).status == "gave_up" for v in hung + trickled)
+
+        deadline = time.time() + 60
+        while not gave_up() and time.time() < deadline:
+            time.sleep(0.2)
+        for v in hung + trickled:
+            d = store.callback_for(v)
+            assert (d.status, d.attempts) == ("gave_up", 2), (v, d)
+            assert "callback_timeout_seconds (1.5 s)" in d.last_error
+    finally:
+        stopping.set()
+        for t in threads:
+            t.join(timeout=10)
+        for s in stores:
+            s.close()
+
+    # Exactly once each across both deliverers, with the outbox's delivery id.
+    counts = collections.Counter(v for v, _, _ in receivers["good"].delivered)
+    assert dict(counts) == {v: 1 for v in good}
+    assert {d for _, d, _ in receivers["good"].delivered} == {
+        Store(url).callback_for(v).delivery_id for v in good
+    }
+    assert sum(d.delivered for d in deliverers) == len(good)
+    # No receiver host held more attempts at once than callback_concurrency_per_host, summed over
+    # the two deliverers (each has its own slots); every attempt was its own connection.
+    assert receivers["hung"].most_open <= 2 * api.callback_concurrency_per_host
+    assert receivers["hung"].connections == 2 * len(hung)

@@ -1,0 +1,89 @@
+"""Judging a worker dead by its heartbeat, on Dagster's real (in-memory SQLite) run storage: a gap in
+the judge's own view of the registry (the storage away: PostgreSQL restarting) is not held against
+the workers, whose beats stopped for the same reason; a worker that stays silent after it is still
+found dead one heartbeat timeout later."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from dagster import DagsterInstance
+
+from orchestration import registry as registry_module
+from orchestration.registry import WorkerRecord, WorkerRegistry
+
+STALE_S = 5.0
+
+
+class FlakyStorage:
+    """The run storage, with an outage switch."""
+
+    def __init__(self, storage):
+        self.storage, self.down = storage, False
+
+    def get_cursor_values(self, keys):
+        if self.down:
+            raise ConnectionError("server closed the connection unexpectedly")
+        return self.storage.get_cursor_values(keys)
+
+    def set_cursor_values(self, values):
+        if self.down:
+            raise ConnectionError("server closed the connection unexpectedly")
+        return self.storage.set_cursor_values(values)
+
+
+@pytest.fixture
+def storage(monkeypatch):
+    monkeypatch.setattr(registry_module, "_watch", registry_module._Watch())  # this test's process view
+    with DagsterInstance.ephemeral() as instance:
+        yield FlakyStorage(instance.run_storage)
+
+
+def record(name: str = "w-0") -> WorkerRecord:
+    return WorkerRecord(
+        name=name, url="http://127.0.0.1:1", pid=1, boot_id="b", device="cpu:0", host="elsewhere"
+    )
+
+
+def test_an_outage_of_the_storage_is_not_a_worker_dying(storage):
+    judge = WorkerRegistry(storage, STALE_S)
+    WorkerRegistry(storage).publish(record())
+    assert judge.alive(judge.get("w-0"))
+
+    storage.down = True  # the database goes away: beats and reads fail alike
+    with pytest.raises(ConnectionError):
+        judge.get("w-0")
+    storage.down = False
+    seen = judge.get("w-0")
+    later = time.time() + 30  # read back long after its last beat, as after a 30 s outage
+    assert not seen.alive(STALE_S, later)  # by its heartbeat alone it would be dead...
+    assert judge.alive(seen, time.time() + STALE_S / 2)  # ...but the judge was blind too
+    # A worker that stays silent once the storage is back is found dead a timeout later.
+    assert not judge.alive(seen, registry_module._watch.since + STALE_S + 1)
+
+
+def test_a_connection_error_anywhere_in_the_process_counts_as_blindness(storage):
+    """The daemon's run monitoring fails on its run query, not on the registry: that counts too."""
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    judge = WorkerRegistry(storage, STALE_S)
+    WorkerRegistry(storage).publish(record())
+    seen = judge.get("w-0")
+    since = registry_module._watch.since
+    judge.get("w-0")
+    assert registry_module._watch.since == since  # an unbroken view: death is judged
+    assert not judge.alive(seen, since + STALE_S + 1)
+
+    with socket.socket() as s:  # a port nothing listens on: the server is away
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    away = sqlalchemy.create_engine(f"postgresql+psycopg2://u@127.0.0.1:{port}/d", poolclass=NullPool)
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        away.connect()
+    assert registry_module._watch.since is None  # blind: nobody is judged dead meanwhile
+    assert judge.alive(seen, time.time())
+    judge.get("w-0")
+    assert registry_module._watch.since > since
