@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -95,7 +95,7 @@ def dagster_postgres_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def wait_out_postgres_outages(patience_s: float) -> None:
+def wait_out_postgres_outages(patience_s: float, gate: Callable[[], None] | None = None) -> None:
     """Make this process's Dagster PostgreSQL storages wait for the server up to ``patience_s``.
 
     Every connection they open (NullPool: one per operation) goes through
@@ -103,7 +103,8 @@ def wait_out_postgres_outages(patience_s: float) -> None:
     worker running a run would then fail it at its next event when PostgreSQL restarts or fails
     over, and could not even record that. With this, the run's next write (a stage, a step's end,
     its outcome) waits for the server instead, and the run goes on where it was. Only the module's
-    name is replaced: the storages look it up at each connection (dagster is pinned exactly)."""
+    name is replaced: the storages look it up at each connection (dagster is pinned exactly).
+    ``gate``: called with each new connection made, before it is used (the worker's fence)."""
     import random
     import time
 
@@ -117,7 +118,7 @@ def wait_out_postgres_outages(patience_s: float) -> None:
         wait, warned = retry_wait, False
         while True:
             try:
-                return fn()
+                connection = fn()
             except (
                 sqlalchemy.exc.DatabaseError,
                 sqlalchemy.exc.OperationalError,
@@ -130,7 +131,60 @@ def wait_out_postgres_outages(patience_s: float) -> None:
                 if not warned:
                     log.warning("Dagster's PostgreSQL unreachable, waiting up to %g s: %s", patience_s, exc)
                     warned = True
+            else:
+                if gate is not None:
+                    try:
+                        gate()
+                    except BaseException:
+                        connection.close()
+                        raise
+                return connection
             time.sleep(wait * random.uniform(0.5, 1.0))
             wait = min(wait * 2, max_wait_s)
 
     utils.retry_pg_connection_fn = patient
+
+
+# The writes a run makes, each retried whole when the connection it ran on was cut mid-statement.
+_RUN_WRITES = {"event_log_storage": ("store_event",), "run_storage": ("add_run_tags", "handle_run_event")}
+
+
+def retry_run_writes(instance: Any, patience_s: float) -> None:
+    """Retry this process's run writes to Dagster's storage when the server drops the connection in
+    the middle of one (a restart): :func:`wait_out_postgres_outages` waits at the next *connect*,
+    but a statement already sent fails with "server closed the connection unexpectedly", which
+    would fail the step it belongs to. Such a write is tried again (on a new connection, so after
+    the server is back) for up to ``patience_s``. Only disconnects are retried: a write the server
+    refused (a constraint) fails as it would have. The rare write that committed just before the
+    connection dropped is recorded twice (an event seen twice; nothing is executed again)."""
+    import random
+    import time
+
+    import sqlalchemy
+
+    def disconnected(error: BaseException) -> bool:
+        return isinstance(error, sqlalchemy.exc.DBAPIError) and (
+            error.connection_invalidated or isinstance(error, sqlalchemy.exc.OperationalError)
+        )
+
+    def patient(write):
+        def retried(*args, **kwargs):
+            deadline, wait = time.monotonic() + patience_s, 0.2
+            while True:
+                try:
+                    return write(*args, **kwargs)
+                except Exception as exc:
+                    if not disconnected(exc) or time.monotonic() >= deadline:
+                        raise
+                    log.warning("a run write lost its connection, retrying: %s", str(exc).splitlines()[0])
+                time.sleep(wait * random.uniform(0.5, 1.0))
+                wait = min(wait * 2, 2.0)
+
+        return retried
+
+    for storage_name, methods in _RUN_WRITES.items():
+        storage = getattr(instance, storage_name)
+        if not type(storage).__module__.startswith("dagster_postgres"):
+            continue  # SQLite: its errors (locked past the busy timeout, disk full) are not outages
+        for method in methods:
+            setattr(storage, method, patient(getattr(storage, method)))

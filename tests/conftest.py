@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,11 +200,15 @@ class Stack:
             return False
 
 
-def spawn_server(config: Path, state: Path, role: str | None = None) -> subprocess.Popen:
-    """``server.py --config [--role]`` in its own process group, its output in ``<state>/server.out``."""
+def spawn_server(
+    config: Path, state: Path, role: str | None = None, wrap: Callable[[list[str]], list[str]] | None = None
+) -> subprocess.Popen:
+    """``server.py --config [--role]`` in its own process group, its output in ``<state>/server.out``;
+    ``wrap``: the command as run (e.g. inside another network namespace)."""
     out = open(state / "server.out", "ab")  # noqa: SIM115 - lives as long as the process
+    argv = [sys.executable, "server.py", "--config", str(config), *(["--role", role] if role else [])]
     return subprocess.Popen(
-        [sys.executable, "server.py", "--config", str(config), *(["--role", role] if role else [])],
+        wrap(argv) if wrap else argv,
         cwd=REPO,
         stdout=out,
         stderr=subprocess.STDOUT,

@@ -132,11 +132,12 @@ class PostgresServer:
             self.root = None
 
 
-def start() -> PostgresServer:
+def start(also_listen: str | None = None, trusted_network: str | None = None) -> PostgresServer:
     """Start a throwaway cluster (or attach to ``$SHOTLOOM_TEST_POSTGRES_URL``). Raises with the server log
-    when it does not come up."""
+    when it does not come up. ``also_listen``: one more address to listen on (a test network's), with
+    ``trusted_network`` (CIDR) let in without a password as loopback is."""
     external = os.environ.get(ENV_URL)
-    if external:
+    if external and not also_listen:
         return PostgresServer(base_url=make_url(external).set(drivername="postgresql+psycopg"))
 
     user = _run_as()
@@ -157,11 +158,15 @@ def start() -> PostgresServer:
             timeout=60,
             check=True,
         )
+        if trusted_network:
+            with open(data / "pg_hba.conf", "a") as hba:
+                hba.write(f"host all all {trusted_network} trust\n")
+        listen = ",".join(["127.0.0.1", *([also_listen] if also_listen else [])])
         last_error = ""
         for _ in range(3):  # a free port can be taken between probing and binding: try another
             port = _free_port()
             options = (
-                f"-c listen_addresses=127.0.0.1 -p {port} -k {shlex.quote(str(root))} "
+                f"-c listen_addresses={listen} -p {port} -k {shlex.quote(str(root))} "
                 "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
             )
             log = root / f"server-{port}.log"

@@ -49,7 +49,11 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                entry = {"body": body, "delivery_id": self.headers.get("X-Shotloom-Delivery-Id")}
+                entry = {
+                    "body": body,
+                    "delivery_id": self.headers.get("X-Shotloom-Delivery-Id"),
+                    "at": time.time(),
+                }
                 receiver.attempts.append(entry)
                 ok = len(receiver.attempts) > receiver.refuse
                 if ok:

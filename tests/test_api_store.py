@@ -230,6 +230,25 @@ def test_a_claimed_callback_attempt_is_nobody_elses_until_its_lease_ends(store):
     assert store.claim_callbacks([d], t0 + 200, now=t0 + 100) == []  # delivered: never again
 
 
+def test_a_jobs_outcome_and_its_callback_are_recorded_together_or_not_at_all(store):
+    v = store.accept(_job("outcome", callback_url="http://cb/hook")).version_id
+
+    def broken(_job):  # the process or the database failing between the two writes
+        raise ConnectionError("gone")
+
+    with pytest.raises(ConnectionError):
+        store.update_status(v, status="succeeded", callback=broken)
+    assert store.get(v).status == "queued" and store.callback_for(v) is None  # neither
+    record = store.update_status(v, status="succeeded", callback=lambda job: {"status": job.status})
+    assert record.status == "succeeded" and store.callback_for(v).payload == {"status": "succeeded"}
+    # Once: a later change of the finished job queues nothing more.
+    store.update_status(v, status="succeeded", stage="done", callback=lambda job: {"again": True})
+    assert store.callback_for(v).payload == {"status": "succeeded"}
+    no_hook = store.accept(_job("no-hook")).version_id
+    store.update_status(no_hook, status="failed", callback=lambda job: {"x": 1})
+    assert store.callback_for(no_hook) is None  # it asked for none
+
+
 def test_callback_outbox_schedule(store):
     v = store.accept(_job("cb")).version_id
     t0 = 1_000_000.0

@@ -6,17 +6,17 @@ real SQLite store; receivers are real HTTP servers on loopback."""
 from __future__ import annotations
 
 import collections
-import json
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from api.background.callbacks import DELIVERY_HEADER, Callbacks
+from api.background.callbacks import Callbacks
 from api.store import NewJob, Store, payload_hash
 from settings.api import ApiConfig
+
+from test_api_http import Receiver
 
 
 class SilentReceiver:
@@ -72,32 +72,9 @@ class SilentReceiver:
         self.sock.close()
 
 
-class GoodReceiver:
-    def __init__(self):
-        self.delivered: list[tuple[str, str, float]] = []  # (version, delivery id, when)
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                receiver.delivered.append((body["version_id"], self.headers[DELIVERY_HEADER], time.time()))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-
-
 @pytest.fixture
 def receivers():
-    made = {"hung": SilentReceiver(), "trickle": SilentReceiver(trickle_s=0.2), "good": GoodReceiver()}
+    made = {"hung": SilentReceiver(), "trickle": SilentReceiver(trickle_s=0.2), "good": Receiver(refuse=0)}
     yield made
     for r in made.values():
         r.close()
@@ -120,10 +97,10 @@ def _accept(store: Store, n: int, url: str) -> str:
 
 def test_hung_and_trickling_receivers_delay_no_other_callback_and_are_retried(tmp_path, receivers):
     api = ApiConfig(
-        callback_timeout_seconds=1.5,
+        callback_timeout_seconds=3.0,
         callback_backoff_seconds=0.2,
         callback_max_attempts=2,
-        callback_concurrency=4,
+        callback_concurrency=6,  # the two misbehaving receivers can hold 4 of a deliverer's slots
         callback_concurrency_per_host=2,
     )
     url = api.resolved_database_url(tmp_path / "state")
@@ -145,12 +122,10 @@ def test_hung_and_trickling_receivers_delay_no_other_callback_and_are_retried(tm
         while len(receivers["good"].delivered) < len(good) and time.time() < deadline:
             time.sleep(0.05)
         # Every good callback arrived before any hung or trickled attempt had ended.
-        assert sorted(v for v, _, _ in receivers["good"].delivered) == sorted(good)
+        assert sorted(d["body"]["version_id"] for d in receivers["good"].delivered) == sorted(good)
         ended = [store.callback_for(v) for v in hung + trickled]
         assert [d.attempts for d in ended] == [0] * len(ended), [(d.attempts, d.last_error) for d in ended]
-        assert (
-            max(when for _, _, when in receivers["good"].delivered) - started < api.callback_timeout_seconds
-        )
+        assert max(d["at"] for d in receivers["good"].delivered) - started < api.callback_timeout_seconds
 
         # The others are retried as configured, each attempt cut at the timeout (the trickle too).
         def gave_up():
@@ -162,7 +137,7 @@ def test_hung_and_trickling_receivers_delay_no_other_callback_and_are_retried(tm
         for v in hung + trickled:
             d = store.callback_for(v)
             assert (d.status, d.attempts) == ("gave_up", 2), (v, d)
-            assert "callback_timeout_seconds (1.5 s)" in d.last_error
+            assert "callback_timeout_seconds (3 s)" in d.last_error
     finally:
         stopping.set()
         for t in threads:
@@ -171,9 +146,9 @@ def test_hung_and_trickling_receivers_delay_no_other_callback_and_are_retried(tm
             s.close()
 
     # Exactly once each across both deliverers, with the outbox's delivery id.
-    counts = collections.Counter(v for v, _, _ in receivers["good"].delivered)
+    counts = collections.Counter(d["body"]["version_id"] for d in receivers["good"].delivered)
     assert dict(counts) == {v: 1 for v in good}
-    assert {d for _, d, _ in receivers["good"].delivered} == {
+    assert {d["delivery_id"] for d in receivers["good"].delivered} == {
         Store(url).callback_for(v).delivery_id for v in good
     }
     assert sum(d.delivered for d in deliverers) == len(good)

@@ -1,10 +1,13 @@
 """Several hosts on one machine: a control host and two worker hosts sharing only a throwaway
 PostgreSQL cluster (Dagster's storage and the service store) and the media directory.
 
-The worker hosts bind their endpoints to distinct loopback addresses (127.0.0.2, 127.0.0.3) behind
-the control plane's token, register in the shared storage, and take jobs in FIFO order; a
-``kill -9`` of one worker host mid-run ends with every job completed exactly once and every
-callback delivered once (its runs are resumed or retried on the other host).
+The worker hosts bind their endpoints to addresses of their own behind the control plane's token,
+register in the shared storage, and take jobs in FIFO order. Host B lives in a network namespace
+of its own (as root; elsewhere on 127.0.0.3): mid-run, its link is cut for longer than the
+heartbeat timeout, its run is taken over by host A, and when the link is back host B fences itself
+(its late results are never recorded) and rejoins as a fresh worker. Without a namespace, host B
+is killed with ``kill -9`` instead. Then PostgreSQL is stopped for 30 s mid-load. Every job ends
+completed exactly once, with one MP4 and one callback each.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import httpx
 import pytest
 import yaml
 
+import netns
 import pg
 from api_stack import wait_for
 from conftest import free_port, kill_tree, spawn_server, stop_server, write_inference_yaml
@@ -46,13 +50,29 @@ OUTAGE_S = 30  # PostgreSQL away mid-load, longer than every heartbeat timeout a
 
 
 @pytest.fixture(scope="module")
-def postgres() -> Iterator[pg.PostgresServer]:
+def separate_host() -> Iterator[netns.SeparateHost | None]:
+    """Host B's own network, or None where namespaces cannot be made (host B is then killed)."""
+    reason = netns.missing_reason()
+    if reason:
+        print(f"host B shares the network (no partition test): {reason}")
+        yield None
+        return
+    host = netns.SeparateHost.create(subnet=1 + os.getpid() % 250)
+    yield host
+    host.close()
+
+
+@pytest.fixture(scope="module")
+def postgres(separate_host) -> Iterator[pg.PostgresServer]:
     reason = pg.missing_reason()
     if reason:
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
-    server = pg.start()
+    if separate_host is None:
+        server = pg.start()
+    else:  # host B reaches it across its link
+        server = pg.start(also_listen=separate_host.outer, trusted_network=separate_host.network)
     yield server
     server.stop()
 
@@ -60,36 +80,56 @@ def postgres() -> Iterator[pg.PostgresServer]:
 class Host:
     """One "machine": server.py in a role, with a state dir of its own."""
 
-    def __init__(self, root: Path, role: str, config: dict):
+    def __init__(self, root: Path, role: str, config: dict, network: netns.SeparateHost | None = None):
         self.root, self.role = root, role
         self.state = root / "state"
         self.state.mkdir(parents=True)
         self.config = root / "server.yaml"
         self.config.write_text(yaml.safe_dump({"state_dir": str(self.state), **config}))
-        self.proc = spawn_server(self.config, self.state, role)
+        self.proc = spawn_server(self.config, self.state, role, wrap=network.command if network else None)
+
+    def logged(self, text: str) -> bool:
+        """Whether any of the host's logs says ``text``."""
+        paths = [self.state / "server.out", *(self.state / "logs").glob("*.log")]
+        return any(text in path.read_text(errors="replace") for path in paths if path.exists())
 
     def log(self, name: str | None = None) -> str:
         path = self.state / "logs" / f"{name}.log" if name else self.state / "server.out"
         return path.read_text(errors="replace")[-5000:] if path.exists() else f"(no {path})"
 
 
-def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
-    postgres, tmp_path, wan_checkpoint, monkeypatch
+def test_two_worker_hosts_share_the_queue_and_survive_a_cut_off_host_and_the_database_away(
+    postgres, separate_host, tmp_path, wan_checkpoint, monkeypatch
 ):
+    from sqlalchemy.engine import make_url
+
     from orchestration.storage import dagster_postgres_url
 
     url = dagster_postgres_url(postgres.fresh_database("shotloom_hosts"))
-    env = {"SHOTLOOM_POSTGRES_URL": url, "SHOTLOOM_WORKER_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"}
+    # Host B reaches the same server at this network's end of its link.
+    url_b = make_url(url).set(host=separate_host.outer) if separate_host else make_url(url)
+    env = {
+        "SHOTLOOM_POSTGRES_URL": url,
+        "SHOTLOOM_POSTGRES_URL_B": url_b.render_as_string(hide_password=False),
+        "SHOTLOOM_WORKER_TOKEN": TOKEN,
+        "OMP_NUM_THREADS": "1",
+    }
     for key, value in env.items():  # every host's processes (and this test's reads) see them
         monkeypatch.setenv(key, value)
     media = tmp_path / "shared-media"  # the shared filesystem every host mounts
-    inference = write_inference_yaml(
-        tmp_path / "inference.yaml",
-        "wan",
-        wan_checkpoint,
-        tmp_path / "cache",
-        defaults={"width": 64, "height": 64, "num_frames": 33, "fps": 16},  # ~3 s a job: killable mid-run
-    )
+
+    def inference_yaml(host: str) -> Path:
+        """Each host's own conditioning cache (a host-local disk: a cut-off host holding the cache's
+        encode lock must not stop the others)."""
+        return write_inference_yaml(
+            tmp_path / f"inference-{host}.yaml",
+            "wan",
+            wan_checkpoint,
+            tmp_path / f"cache-{host}",
+            defaults={"width": 64, "height": 64, "num_frames": 33, "fps": 16},  # ~3 s a job: killable mid-run
+        )
+
+    inference = inference_yaml("a")
     common = {
         "inference": {"config": str(inference)},
         "storage": {"postgres_url_env": "SHOTLOOM_POSTGRES_URL"},
@@ -105,9 +145,11 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
         "api": {"host": "127.0.0.1", "port": api_port, "callback_backoff_seconds": 0.2},
     }
 
-    def worker_cfg(prefix: str, address: str, media: int = 0) -> dict:
+    def worker_cfg(prefix: str, address: str, media: int = 0, url_env: str = "SHOTLOOM_POSTGRES_URL") -> dict:
         return {
             **common,
+            "inference": {"config": str(inference_yaml(prefix.rstrip("-")))},
+            "storage": {"postgres_url_env": url_env},
             "workers": {
                 "name_prefix": prefix,
                 "devices": [{"device": "cpu", "threads": 1}],
@@ -122,7 +164,13 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
         control = Host(tmp_path / "control", "control", control_cfg)
         hosts.append(control)
         host_a = Host(tmp_path / "host-a", "workers", worker_cfg("a-", "127.0.0.2", media=1))
-        host_b = Host(tmp_path / "host-b", "workers", worker_cfg("b-", "127.0.0.3"))
+        address_b = separate_host.inner if separate_host else "127.0.0.3"
+        host_b = Host(
+            tmp_path / "host-b",
+            "workers",
+            worker_cfg("b-", address_b, url_env="SHOTLOOM_POSTGRES_URL_B"),
+            network=separate_host,
+        )
         hosts += [host_a, host_b]
         client = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=30)
 
@@ -145,7 +193,7 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
 
         records = {r.name: r for r in read_workers(control.state)}
         assert records["a-cpu-0"].url.startswith("http://127.0.0.2:")
-        assert records["b-cpu-0"].url.startswith("http://127.0.0.3:")
+        assert records["b-cpu-0"].url.startswith(f"http://{address_b}:")
         for record in records.values():
             assert httpx.get(record.url + "/status").status_code == 401
             authorized = {"Authorization": f"Bearer {TOKEN}"}
@@ -175,8 +223,30 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
 
         busy = wait_for(both_busy, 120, "both hosts running a job", interval=0.2)
         victim_version = busy["b-cpu-0"]["version_id"]
-        kill_tree(host_b.proc.pid)  # the host vanishes
-        killed_at = time.time()
+        lost_at = time.time()
+        if separate_host is None:
+            kill_tree(host_b.proc.pid)  # the host vanishes
+        else:
+            # Host B loses its route to the control host and PostgreSQL while it generates; past
+            # the heartbeat timeout its run is taken over by host A, then its link comes back.
+            boot_before = records["b-cpu-0"].boot_id
+            separate_host.cut()
+
+            def taken_over():
+                body = client.get(f"/version/{victim_version}").json()
+                return body if (body.get("worker") or {}).get("name") == "a-cpu-0" else None
+
+            wait_for(taken_over, 120, "host A taking over host B's run", interval=0.5)
+            separate_host.restore()
+            # Host B finds its run gone at its first write, writes nothing, and comes back fresh.
+            wait_for(lambda: host_b.logged("fenced"), 60, "host B fencing itself")
+
+            def rejoined():
+                fresh = {r.name: r for r in read_workers(control.state)}.get("b-cpu-0")
+                ready = healthy()
+                return fresh if ready and fresh and fresh.boot_id != boot_before else None
+
+            wait_for(rejoined, 120, "host B back as a fresh worker", interval=1)
 
         # Then the database goes away mid-load (PostgreSQL restarting, or a long failover) while
         # host A generates: nothing accepted is lost, nothing runs twice, clients are told to wait.
@@ -193,8 +263,10 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
             assert "Retry-After" in v1.headers
             polled = client.get(f"/version/{versions[0]}")  # its last known view, or told to wait
             assert polled.status_code in (200, 503), polled.text
-            health = client.get("/health")
-            assert health.status_code == 503 and health.json()["ready"]["store"] is False, health.text
+            health = wait_for(  # (its answer is cached for a second)
+                lambda: (r := client.get("/health")).status_code == 503 and r, 10, "/health 503"
+            )
+            assert health.json()["ready"]["store"] is False and health.json()["status"] == "degraded"
             time.sleep(max(0.0, OUTAGE_S - (time.time() - away_at)))
         finally:
             postgres.come_back()
@@ -225,7 +297,9 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
         assert workers["a-cpu-0"] >= 1 and set(workers) <= {"a-cpu-0", "b-cpu-0"}
         # The victim's job finished on host A after the kill (resumed or retried there).
         victim = next(b for b in done if b["version_id"] == victim_version)
-        assert victim["worker"]["name"] == "a-cpu-0" and victim["stage_times"]["succeeded"] > killed_at
+        assert victim["worker"]["name"] == "a-cpu-0" and victim["stage_times"]["succeeded"] > lost_at
+        # The cut-off host's late results were fenced: one outcome recorded for the victim's run.
+        assert recorded(url, victim["run_id"]) == {"write_op": 1, "run_success": 1}
         # FIFO: the jobs the kill did not touch were claimed in accept order.
         untouched = [b for b in done if "recovered" not in b["stage_times"] and b is not victim]
         claimed = [b["stage_times"]["claimed"] for b in untouched]
@@ -234,3 +308,21 @@ def test_two_worker_hosts_share_the_queue_and_survive_one_vanishing(
         for h in hosts:
             stop_server(h.proc)
         receiver.close()
+
+
+def recorded(url: str, run_id: str) -> dict[str, int]:
+    """How many times the run's MP4 step succeeded and the run itself did, in Dagster's event log."""
+    import psycopg
+    from dagster import DagsterEventType
+    from sqlalchemy.engine import make_url
+
+    step, run = DagsterEventType.STEP_SUCCESS.value, DagsterEventType.RUN_SUCCESS.value
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo) as conn:
+        rows = conn.execute(
+            "SELECT dagster_event_type, step_key, count(*) FROM event_logs WHERE run_id = %s "
+            "AND dagster_event_type IN (%s, %s) GROUP BY 1, 2",
+            (run_id, step, run),
+        ).fetchall()
+    counts = {key if kind == step else "run_success": n for kind, key, n in rows}
+    return {key: counts.get(key, 0) for key in ("write_op", "run_success")}

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from api.core.errors import InvalidField, NotFound, QueueFull
-from api.core.jobs import JobService, op_config
+from api.core.jobs import JobService
 from api.core.rules import RuleBook
 from api.core.sampling import SamplingRule, job_sampling
 from api.core.specs import SourceRef
@@ -22,6 +22,7 @@ from api.openai.errors import OpenAIError, validation_error
 from api.openai.forms import FormError, unflatten
 from api.openai.protocol import ServedModel, Video, VideoCreateRequest, VideoExtension, snap_frames
 from api.store import JobRecord, NewJob, Store
+from contracts.runs import SHOT_OP
 from settings.api import ApiConfig, SamplingLimits
 from shotloom import stages
 from shotloom.capabilities import Capabilities, CapabilityError
@@ -1019,6 +1020,11 @@ def test_a_step_cache_the_model_or_server_does_not_offer_is_400_naming_step_cach
     assert (err.status, err.param) == (400, "step_cache") and words in err.message, err.message
     assert jobs.store.counts_by_status("r2v")["queued"] == 0  # nothing queued
     jobs.store.close()
+
+
+def op_config(job: JobRecord) -> dict:
+    """The shot op's config in the run config Dagster gets, as the job's record stores it."""
+    return job.request.op_config(SHOT_OP) or {}
 
 
 def test_a_requests_step_cache_goes_into_the_run_config_and_the_jobs_sampling(tmp_path):

@@ -47,12 +47,10 @@ class Callbacks:
         self._flights: dict[str, str] = {}  # delivery id -> receiver host, while its attempt runs
         # (read and written on the delivery loop only; the store calls get a copy)
 
-    def enqueue(self, job: JobRecord) -> None:
-        """Queue ``job``'s callback (if it asked for one) for its outcome as recorded now."""
-        if job.callback_url:
-            self.store.enqueue_callback(
-                job.version_id, job.callback_url, callback_payload(job, self.store, self.api)
-            )
+    def payload(self, job: JobRecord) -> dict:
+        """The callback ``job`` gets for its outcome: what ``Store.update_status(callback=...)``
+        queues with the change that finishes it."""
+        return callback_payload(job, self.store, self.api)
 
     def loop(self) -> None:
         asyncio.run(self._deliver_until_stopped())

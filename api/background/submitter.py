@@ -98,6 +98,9 @@ class Submitter:
                 return
             answers = [exc]
         for (job, _), answer in zip(batch, answers, strict=True):
+            if isinstance(answer, DagsterUnavailable):  # its storage away: the job waits, not refused
+                log.warning("version %s: not submitted yet: %s", job.version_id, answer)
+                continue
             if isinstance(answer, DagsterGatewayError):
                 self._refused_run(job, answer)
                 continue
@@ -113,11 +116,14 @@ class Submitter:
         self._refused[job.version_id] = refusals = self._refused.get(job.version_id, 0) + 1
         log.warning("version %s: Dagster refused the run (%d): %s", job.version_id, refusals, exc)
         if refusals >= SUBMIT_REFUSALS:
-            record = self.store.update_status(
-                job.version_id, status="failed", stage=stages.FAILED, error=f"Dagster refused the run: {exc}"
+            self.store.update_status(
+                job.version_id,
+                status="failed",
+                stage=stages.FAILED,
+                error=f"Dagster refused the run: {exc}",
+                callback=self.callbacks.payload,
             )
             self._refused.pop(job.version_id, None)
-            self.callbacks.enqueue(record)
 
     def _drop_never_enqueued(self, runs: list[RunInfo]) -> bool:
         """A submit cut short (webserver or API killed mid-request) can leave a run created but never

@@ -180,12 +180,17 @@ class Tracker:
                 if key in main.metadata:
                     result[key] = main.metadata[key]
         live = {**self._live(run, job), "run_status": run.status}
-        record = self.store.update_status(
-            job.version_id, status="succeeded", stage=stages.SUCCEEDED, error=None, result=result, live=live
+        self.store.update_status(
+            job.version_id,
+            status="succeeded",
+            stage=stages.SUCCEEDED,
+            error=None,
+            result=result,
+            live=live,
+            callback=self.callbacks.payload,
         )
         log.info("version %s succeeded (run %s)", job.version_id, run.run_id)
         self._states.pop(run.run_id, None)
-        self.callbacks.enqueue(record)
 
     def _follow_up(
         self, job: JobRecord, run: RunInfo, step: int, spec: FollowUp, made: list[ArtifactRecord]
@@ -196,11 +201,15 @@ class Tracker:
         live.update(run_status="STARTING", runs=[*live.get("runs", []), run.run_id])  # the runs before
         run_id = self.submitter.submitted_follow_up(job, step, run.end_time or 0)
         if run_id is None and job.cancel_requested_at is not None:  # cancelled between two runs
-            record = self.store.update_status(
-                job.version_id, status="cancelled", stage=stages.CANCELED, error=None, live=live
+            self.store.update_status(
+                job.version_id,
+                status="cancelled",
+                stage=stages.CANCELED,
+                error=None,
+                live=live,
+                callback=self.callbacks.payload,
             )
             self._states.pop(run.run_id, None)
-            self.callbacks.enqueue(record)
             return
         if run_id is None:
             shot = next((a for a in made if a.kind == VIDEO_KIND), None)
@@ -267,17 +276,17 @@ class Tracker:
         error = run.error_summary() or ("canceled" if canceled else "the run failed")
         live = self._live(run, job)
         cancelled = canceled and job.cancel_requested_at is not None  # a client asked for it
-        record = self.store.update_status(
+        self.store.update_status(
             job.version_id,
             status="cancelled" if cancelled else "failed",
             stage=stages.CANCELED if canceled else stages.FAILED,
             error=None if cancelled else error,
             result={"run_id": run.run_id},
             live=live,
+            callback=self.callbacks.payload,
         )
         log.info("version %s failed: %s", job.version_id, error)
         self._states.pop(run.run_id, None)
-        self.callbacks.enqueue(record)
 
     def _newest_retry(self, job: JobRecord, run: RunInfo) -> RunInfo | None:
         root = job.root_run_id or run.root_run_id or run.run_id

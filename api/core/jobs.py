@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from api.core.intake import Intake
 from api.core.lifecycle import Lifecycle
-from api.core.shared import VIDEO_KIND, Accepted, op_config, run_kind
+from api.core.shared import VIDEO_KIND, Accepted, run_kind
 
-__all__ = ["VIDEO_KIND", "Accepted", "JobService", "op_config", "run_kind"]
+__all__ = ["VIDEO_KIND", "Accepted", "JobService", "run_kind"]
 
 
 class JobService(Intake, Lifecycle):

@@ -25,7 +25,6 @@ from api.store import (
     NewJob,
     Store,
 )
-from contracts.runs import SHOT_OP
 from orchestration.queue_control import QueueControl
 from settings.api import ApiConfig
 from shotloom import stages
@@ -202,11 +201,6 @@ class SharedSteps:
         if caps is None:
             raise Unavailable("the model is not loaded on any worker yet")
         return caps
-
-
-def op_config(job: JobRecord, op: str = SHOT_OP) -> dict[str, Any]:
-    """One op's config as the job's row stores it ({} when it has none)."""
-    return job.request.op_config(op) or {}
 
 
 def run_kind(job: JobRecord) -> str:

@@ -347,7 +347,8 @@ class DagsterGateway:
                 continue
             errors = result.get("errors")
             detail = "; ".join(e["message"] for e in errors) if errors else result.get("message") or kind
-            answers.append(DagsterGatewayError(f"submit {sub.job_name}: {kind}: {detail}", kind=kind))
+            error_type = DagsterUnavailable if storage_away(kind, detail) else DagsterGatewayError
+            answers.append(error_type(f"submit {sub.job_name}: {kind}: {detail}", kind=kind))
             if kind in ("PipelineNotFoundError", "RepositoryLocationNotFound", "PythonError"):
                 with self._lock:
                     self._location = None  # the workspace may have been reloaded or renamed
@@ -577,3 +578,13 @@ def own_error(error: Mapping[str, Any] | None) -> str | None:
     if name and head.rsplit(".", 1)[-1] == name:  # "module.Class: text" or "Class: text" (or "Class")
         message = f"{name}: {rest}" if sep else name
     return message or name
+
+
+# What Dagster's storage says when its database is away (psycopg2 through SQLAlchemy, or
+# dagster_postgres giving up its connection retries): the launch may be tried again.
+_STORAGE_AWAY = ("OperationalError", "DagsterPostgresException", "too many retries for DB connection")
+
+
+def storage_away(kind: str | None, detail: str) -> bool:
+    """Whether a GraphQL error is Dagster's storage being unreachable (transient), not a refusal."""
+    return kind == "PythonError" and any(marker in detail for marker in _STORAGE_AWAY)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -16,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from api.core.records import JobLive, JobRecord, JobResult, UnknownVersion, stored
 from api.store.engine import StoreEngine
+from api.store.outbox import add_delivery
 from api.store.tables import Artifact, CallbackOutbox, IdempotencyKey, Job
 
 JobKind = Literal["r2v", "merge"]
@@ -240,9 +242,13 @@ class JobsStore(StoreEngine):
         error: str | None = _UNSET,
         result: JobResult | dict[str, Any] | None = _UNSET,
         live: JobLive | dict[str, Any] | None = _UNSET,
+        callback: Callable[[JobRecord], dict[str, Any]] | None = None,
     ) -> JobRecord:
         """Change status/stage/error/result (arguments left out are kept). Entering succeeded or failed
-        stamps ``finished_at``; a finished job is not moved back to queued/running."""
+        stamps ``finished_at``; a finished job is not moved back to queued/running. ``callback``: the
+        payload of the job's callback, queued in the outbox in the same transaction as the change
+        that finishes the job (when it asked for one): the outcome and its callback are recorded
+        together or not at all, whatever happens to the database or the process in between."""
         if status is not None and status not in STATUSES:
             raise ValueError(f"unknown status {status!r}")
         with self._write() as s:
@@ -263,6 +269,8 @@ class JobsStore(StoreEngine):
                 row.live = stored(live)
             row.updated_at = now
             record = job_record(row)
+            if finishing and callback is not None and row.callback_url:
+                add_delivery(s, version_id, row.callback_url, callback(record), now)
         if finishing:
             self.events.job_finished(record)
         return record

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from api.store.engine import StoreEngine
 from api.store.tables import CallbackOutbox
@@ -51,6 +52,27 @@ def _delivery_record(row: CallbackOutbox) -> CallbackDelivery:
     )
 
 
+def add_delivery(s: Session, version_id: str, url: str, payload: dict[str, Any], now: float) -> str:
+    """In the caller's transaction: the job's callback, due at once (one per job: an existing
+    delivery's id is returned and nothing changes)."""
+    existing = s.scalars(select(CallbackOutbox).where(CallbackOutbox.version_id == version_id)).first()
+    if existing is not None:
+        return existing.delivery_id
+    row = CallbackOutbox(
+        delivery_id=uuid.uuid4().hex,
+        version_id=version_id,
+        url=url,
+        payload=payload,
+        attempts=0,
+        next_attempt_at=now,
+        status="pending",
+        created_at=now,
+    )
+    s.add(row)
+    s.flush()
+    return row.delivery_id
+
+
 class OutboxStore(StoreEngine):
     def enqueue_callback(
         self, version_id: str, url: str, payload: dict[str, Any], *, now: float | None = None
@@ -60,24 +82,7 @@ class OutboxStore(StoreEngine):
         now = time.time() if now is None else now
         try:
             with self._write() as s:
-                existing = s.scalars(
-                    select(CallbackOutbox).where(CallbackOutbox.version_id == version_id)
-                ).first()
-                if existing is not None:
-                    return existing.delivery_id
-                row = CallbackOutbox(
-                    delivery_id=uuid.uuid4().hex,
-                    version_id=version_id,
-                    url=url,
-                    payload=payload,
-                    attempts=0,
-                    next_attempt_at=now,
-                    status="pending",
-                    created_at=now,
-                )
-                s.add(row)
-                s.flush()
-                return row.delivery_id
+                return add_delivery(s, version_id, url, payload, now)
         except IntegrityError:
             with self._read() as s:
                 found = s.scalars(

@@ -48,17 +48,20 @@ class Worker:
     ):
         from dagster import DagsterInstance
 
-        from orchestration.storage import wait_out_postgres_outages
+        from orchestration.storage import retry_run_writes, wait_out_postgres_outages
+        from orchestration.worker.fence import Fence
         from settings.server import RuntimeConfig
 
         self.name, self.device, self.threads, self.pool = name, device, threads, pool
         self.state_dir, self.warm = state_dir, warm
         self.runtime_cfg: RuntimeConfig = runtime_cfg or RuntimeConfig()
-        wait_out_postgres_outages(self.runtime_cfg.storage_outage_seconds)  # before the instance
+        self.fence = Fence(self)  # a worker cut off past its heartbeat timeout writes nothing more
+        wait_out_postgres_outages(self.runtime_cfg.storage_outage_seconds, gate=self.fence.check)
         self.admission_plan: dict[str, Any] | None = None
         self.residency: dict[str, Any] | None = None
         self.boot_id = uuid.uuid4().hex
         self.instance = DagsterInstance.get()
+        retry_run_writes(self.instance, self.runtime_cfg.storage_outage_seconds)
         self.lock = threading.Lock()
         self.state = "starting"  # starting -> warming -> idle <-> busy -> stopping
         self.run_id: str | None = None
@@ -150,6 +153,7 @@ class Worker:
             caps = next((r["capabilities"] for r in runtimes_snapshot() if r["capabilities"]), None)
             try:
                 registry.publish(dataclasses.replace(record, capabilities=caps))
+                self.fence.beat()
             except Exception:  # storage busy: the next beat tries again (the timeout allows several)
                 log.exception("%s: heartbeat failed", self.name)
 
@@ -176,6 +180,7 @@ class Worker:
         registry = WorkerRegistry(self.instance.run_storage)
         record = WorkerRecord(self.name, self.url, os.getpid(), self.boot_id, self.device, self.pool)
         registry.publish(record)
+        self.fence.beat()
         threading.Thread(target=self._heartbeat, args=(registry, record), daemon=True).start()
         log.info("%s (%s, pid %d) at %s boot %s", self.name, self.device, os.getpid(), self.url, self.boot_id)
         try:
