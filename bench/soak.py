@@ -9,17 +9,18 @@ workers and a media worker on the tiny Wan checkpoint, the API) on a throwaway P
   ``/v1`` videos through the ``openai`` SDK (25%), ``/v1`` extensions of a finished ``/v1`` video
   (10%) and merges of three finished shots (5%). A submission is retried (same ``job_id`` or
   ``Idempotency-Key``) until it is accepted; one that was never accepted is not counted.
-* faults, every ``--fault-every`` seconds on average, at random: ``kill -9`` of one child (a worker,
-  the daemon, the webserver, the API), ``kill -9`` of the whole service (then started again on the
-  same state), ``SIGSTOP`` of a device worker past the heartbeat timeout (then ``SIGCONT``), and a
-  PostgreSQL restart (away ``--pg-down`` seconds).
+* faults, every ``--fault-every`` seconds on average (each once the service is healthy again after
+  the one before), each kind as often in a random order: ``kill -9`` of one child (a worker, the
+  daemon, the webserver, the API, at random), ``kill -9`` of the whole service (then started again
+  on the same state), ``SIGSTOP`` of a device worker past the heartbeat timeout (then
+  ``SIGCONT``), and a PostgreSQL restart (away ``--pg-down`` seconds).
 * audit, once every accepted job has finished (faults stopped): ``lost`` (accepted, then unknown or
   never finished), ``ran_twice`` (a step of a job that succeeded more than once in Dagster's event
   log), ``missing_callbacks`` / ``dup_callbacks`` (finished r2v jobs whose receiver got none / more
   than one delivery), ``bad_media`` (a succeeded job whose video does not decode with PyAV), and
   ``failed`` (jobs that ended failed: allowed, reported).
 
-    python bench/soak.py [--jobs 200] [--pace 0.5] [--fault-every 20] [--seed 0] [--keep]
+    python bench/soak.py [--jobs 200] [--pace 2] [--fault-every 20] [--seed 0] [--keep]
 
 Ends with ``RESULT jobs=... lost=0 ran_twice=0 missing_callbacks=0 bad_media=0 ...``.
 """
@@ -65,7 +66,7 @@ class Service:
         checkpoint = WanAdapter.build_tiny_checkpoint(root / "wan-tiny", seed=0)
         inference = yaml.safe_load((REPO / "configs" / "inference.wan-tiny.yaml").read_text())
         inference["paths"] = {"checkpoint": str(checkpoint), "cache_dir": str(root / "cache")}
-        inference.setdefault("defaults", {}).update({"width": 64, "height": 64, "num_frames": 9, "fps": 8})
+        inference.setdefault("defaults", {}).update({"width": 64, "height": 64, "num_frames": 9, "fps": 16})
         (root / "inference.yaml").write_text(yaml.safe_dump(inference))
         self.state = root / "state"
         self.state.mkdir()
@@ -134,16 +135,17 @@ class Service:
                 out["api"] = p
         return out
 
-    def wait_healthy(self, timeout: float = 300) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
+    def wait_healthy(self, timeout: float = 300) -> float:
+        """Seconds until ``GET /health`` answers 200."""
+        start = time.time()
+        while time.time() < start + timeout:
             try:
                 if httpx.get(self.base + "/health", timeout=5).status_code == 200:
-                    return
+                    return time.time() - start
             except httpx.HTTPError:
                 pass
             time.sleep(1)
-        raise RuntimeError("the service did not become healthy")
+        raise RuntimeError(f"the service did not become healthy in {timeout:g} s (logs: {self.state}/logs)")
 
 
 class Load:
@@ -158,12 +160,17 @@ class Load:
         self.accepted: dict[str, str] = {}  # version id or video id -> kind (r2v, v1, extend, merge)
         self.callbacks: set[str] = set()  # versions that asked for a callback
         self.refusals = 0
+        self.succeeded: set[str] = set()
 
     def until_accepted(self, submit) -> str | None:
         for _ in range(600):
             try:
                 version = submit()
-            except Exception:  # the service away (killed, restarting, its database away)
+            except Refused:
+                raise
+            except Exception as exc:  # the service away (killed, restarting, its database away)
+                if getattr(exc, "status_code", 500) < 500 and getattr(exc, "status_code", 500) != 429:
+                    raise  # the SDK's 4xx: this script's bug
                 version = None
             if version:
                 return version
@@ -172,11 +179,11 @@ class Load:
         return None
 
     def finished(self, kind: str) -> list[str]:
-        out = []
-        for version, k in list(self.accepted.items()):
-            if k == kind and self.status(version) in ("succeeded", "completed"):
-                out.append(version)
-        return out
+        """Accepted jobs of ``kind`` that succeeded (asking only about those not known to have)."""
+        for key, k in list(self.accepted.items()):
+            if k == kind and key not in self.succeeded and self.status(key) in ("succeeded", "completed"):
+                self.succeeded.add(key)
+        return [key for key in self.succeeded if self.accepted[key] == kind]
 
     def status(self, key: str) -> str | None:
         """A job's status as its client reads it (``GET /version``, or ``GET /v1/videos/{id}``)."""
@@ -195,7 +202,7 @@ class Load:
     def submit(self, n: int) -> None:
         roll = self.rng.random()
         if roll < 0.05 and len(shots := self.finished("r2v")) >= 3:
-            self._merge(n, self.rng.sample(shots, 3))
+            self._merge(n, self.rng.sample(sorted(shots), 3))
         elif roll < 0.15 and (videos := self.finished("v1")):
             self._extend(n, self.rng.choice(videos))
         elif roll < 0.40:
@@ -208,8 +215,7 @@ class Load:
                 "memory_slots": [], "seed": n, "callback_url": self.receiver.url}  # fmt: skip
 
         def post():
-            resp = self.http.post(self.service.base + "/r2v", json=body)
-            return resp.json()["version_id"] if resp.status_code in (200, 202) else None
+            return accepted(self.http.post(self.service.base + "/r2v", json=body))
 
         if version := self.until_accepted(post):
             self.accepted[version], _ = "r2v", self.callbacks.add(version)
@@ -242,22 +248,39 @@ class Load:
                 "shots": [{"version_id": v} for v in shots], "callback_url": self.receiver.url}  # fmt: skip
 
         def post():
-            resp = self.http.post(self.service.base + "/merge", json=body)
-            return resp.json()["version_id"] if resp.status_code in (200, 202) else None
+            return accepted(self.http.post(self.service.base + "/merge", json=body))
 
         if version := self.until_accepted(post):
             self.accepted[version], _ = "merge", self.callbacks.add(version)
+
+
+class Refused(Exception):
+    """The service refused a submission for what it is (4xx): a bug of this script, not a fault."""
+
+
+def accepted(resp: httpx.Response) -> str | None:
+    """The version an r2v/merge submission was accepted as; None: not now (5xx); 4xx raises."""
+    if resp.status_code in (200, 202):
+        return resp.json()["version_id"]
+    if 400 <= resp.status_code < 500 and resp.status_code != 429:
+        raise Refused(f"{resp.status_code} {resp.text}")
+    return None
 
 
 class Faults:
     def __init__(self, service: Service, server: pg.PostgresServer, rng: random.Random, pg_down_s: float):
         self.service, self.server, self.rng, self.pg_down_s = service, server, rng, pg_down_s
         self.done: collections.Counter[str] = collections.Counter()
+        self.recovery_s: list[float] = []
+        self.deck: list[str] = []
+
+    KINDS = ("kill_child", "kill_service", "stop_worker", "restart_postgres")
 
     def inject(self) -> str:
-        kind = self.rng.choice(
-            ["kill_child", "kill_child", "kill_service", "stop_worker", "restart_postgres"]
-        )
+        """The next fault of a shuffled deck of every kind (each kind as often, in random order)."""
+        if not self.deck:
+            self.deck = self.rng.sample(self.KINDS, len(self.KINDS))
+        kind = self.deck.pop()
         children = self.service.children()
         if kind == "kill_child" and children:
             name = self.rng.choice(sorted(children))
@@ -294,15 +317,25 @@ def audit(load: Load, receiver: Receiver, database_url: str) -> dict[str, int]:
     lost = sum(1 for s in statuses.values() if s not in FINISHED)  # unknown (None) or never finished
     failed = sum(1 for s in statuses.values() if s == "failed")
     deliveries = collections.Counter(d["body"]["version_id"] for d in receiver.delivered)
+    ids = collections.defaultdict(list)  # version -> the delivery ids it got, in order
+    for d in receiver.delivered:
+        ids[d["body"]["version_id"]].append(d["delivery_id"])
     missing = sum(1 for v in load.callbacks if statuses[v] in FINISHED and deliveries[v] == 0)
-    dup = sum(1 for v in load.callbacks if deliveries[v] > 1)
+    # Two deliveries of one job: the same delivery again (an attempt whose outcome its process did
+    # not live to record: the contract's at-least-once, dropped by the delivery id) or two ids.
+    repeated = {v: got for v, got in ids.items() if len(got) > 1}
+    dup = sum(1 for got in repeated.values() if len(set(got)) > 1)
     conninfo = make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(conninfo) as conn:
         twice = conn.execute(
-            "SELECT t.value, e.step_key, count(*) FROM event_logs e JOIN run_tags t ON t.run_id = e.run_id "
-            "AND t.key = 'shotloom/version_id' WHERE e.dagster_event_type = 'STEP_SUCCESS' "
-            "GROUP BY 1, 2 HAVING count(*) > 1"
+            "SELECT t.value, e.step_key, count(*), array_agg(e.run_id), array_agg(e.timestamp::text) "
+            "FROM event_logs e JOIN run_tags t ON t.run_id = e.run_id AND t.key = 'shotloom/version_id' "
+            "WHERE e.dagster_event_type = 'STEP_SUCCESS' GROUP BY 1, 2 HAVING count(*) > 1"
         ).fetchall()
+    for row in twice:
+        print("ran twice:", row, flush=True)
+    for version, got in repeated.items():
+        print("delivered again:", version, got, flush=True)
     bad = 0
     for key, status in statuses.items():
         if status not in ("succeeded", "completed"):
@@ -313,14 +346,15 @@ def audit(load: Load, receiver: Receiver, database_url: str) -> dict[str, int]:
             bad += frames == 0
         except Exception:
             bad += 1
-    return {"lost": lost, "ran_twice": len({v for v, _, _ in twice}), "missing_callbacks": missing,
-            "dup_callbacks": dup, "bad_media": bad, "failed": failed}  # fmt: skip
+    return {"lost": lost, "ran_twice": len({row[0] for row in twice}), "missing_callbacks": missing,
+            "dup_callbacks": dup, "repeated_deliveries": len(repeated) - dup, "bad_media": bad,
+            "failed": failed}  # fmt: skip
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=200)
-    p.add_argument("--pace", type=float, default=0.5, help="seconds between submissions")
+    p.add_argument("--pace", type=float, default=2.0, help="seconds between submissions")
     p.add_argument("--fault-every", type=float, default=20.0, help="mean seconds between faults")
     p.add_argument("--pg-down", type=float, default=10.0, help="seconds PostgreSQL stays away")
     p.add_argument("--seed", type=int, default=0)
@@ -347,7 +381,13 @@ def main() -> None:
 
         def inject_faults():
             while not stop_faults.wait(rng.expovariate(1 / args.fault_every)):
-                print(f"{time.time() - started:7.1f}s fault: {faults.inject()}", flush=True)
+                kind = faults.inject()
+                # The next fault comes once the service has recovered from this one (a fault soak,
+                # not a service kept down): its recovery time is part of the figures.
+                took = service.wait_healthy(timeout=600)
+                print(f"{time.time() - started:7.1f}s fault: {kind}, healthy again after {took:.1f}s, "
+                      f"{len(load.accepted)} accepted so far", flush=True)  # fmt: skip
+                faults.recovery_s.append(took)
 
         injector = threading.Thread(target=inject_faults, daemon=True)
         injector.start()
@@ -374,6 +414,7 @@ def main() -> None:
             "faults": sum(faults.done.values()),
             **{f"fault_{k}": v for k, v in sorted(faults.done.items())},
             "refused_submissions": load.refusals,
+            "recovery_max_s": round(max(faults.recovery_s, default=0), 1),
             "wall_s": round(time.time() - started),
         }))  # fmt: skip
     finally:
