@@ -145,18 +145,24 @@ def wait_out_postgres_outages(patience_s: float, gate: Callable[[], None] | None
     utils.retry_pg_connection_fn = patient
 
 
-# The writes a run makes, each retried whole when the connection it ran on was cut mid-statement.
-_RUN_WRITES = {"event_log_storage": ("store_event",), "run_storage": ("add_run_tags", "handle_run_event")}
+# The storage calls a run makes, each retried whole when the connection it ran on was cut
+# mid-statement: its writes, and the reads its ops and Dagster's step execution make (reads are
+# safe to repeat).
+_RUN_CALLS = {
+    "event_log_storage": ("store_event", "get_records_for_run"),
+    "run_storage": ("add_run_tags", "handle_run_event", "get_run_records", "get_runs"),
+}
 
 
 def retry_run_writes(instance: Any, patience_s: float) -> None:
-    """Retry this process's run writes to Dagster's storage when the server drops the connection in
-    the middle of one (a restart): :func:`wait_out_postgres_outages` waits at the next *connect*,
-    but a statement already sent fails with "server closed the connection unexpectedly", which
-    would fail the step it belongs to. Such a write is tried again (on a new connection, so after
-    the server is back) for up to ``patience_s``. Only disconnects are retried: a write the server
-    refused (a constraint) fails as it would have. The rare write that committed just before the
-    connection dropped is recorded twice (an event seen twice; nothing is executed again)."""
+    """Retry this process's run writes (and reads) to Dagster's storage when the server drops the
+    connection in the middle of one (a restart). :func:`wait_out_postgres_outages` waits at the
+    next connect, but a statement already sent fails with "server closed the connection
+    unexpectedly", which would fail the step it belongs to. Such a call is tried again, on a new
+    connection (so once the server is back), for up to ``patience_s``. Only disconnects are
+    retried: a write the server refused (a constraint) fails as it would have. The rare write that
+    committed just before the connection dropped is recorded twice (an event seen twice; nothing
+    is executed again)."""
     import random
     import time
 
@@ -182,7 +188,7 @@ def retry_run_writes(instance: Any, patience_s: float) -> None:
 
         return retried
 
-    for storage_name, methods in _RUN_WRITES.items():
+    for storage_name, methods in _RUN_CALLS.items():
         storage = getattr(instance, storage_name)
         if not type(storage).__module__.startswith("dagster_postgres"):
             continue  # SQLite: its errors (locked past the busy timeout, disk full) are not outages

@@ -35,6 +35,7 @@ One idea a module:
     memory     the runtime's memory policy: headroom and residency, admission by live memory, idle eviction
     execute    one run on the main thread: execute or resume it, then its bookkeeping and the API's nudge
     recovery   runs nobody will start (orphans), taken back by an idle worker
+    fence      a worker cut off past its heartbeat timeout exits before writing, if its run moved on
     http       the endpoint the control plane calls (/status, /runs, terminate) and who may call it
     snapshot   what /status and the heartbeat report: state, weights, capabilities, resources
 """
