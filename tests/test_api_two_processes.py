@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from dagster import DagsterInstance
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.store import Store
@@ -55,7 +56,11 @@ def metric_values(client: httpx.Client) -> dict[tuple[str, str], float]:
 
 def test_two_api_processes_and_a_third_writer_never_see_a_stale_view(tmp_path, wan_checkpoint):
     config, state = write_server_yaml(tmp_path, wan_checkpoint)
-    (state / "dagster_home").mkdir()  # read by the API's worker registry; no Dagster runs here
+    # Read by the API's worker registry (no Dagster runs here). Its storage is made once, before the
+    # API processes start, as the service's launcher does: two processes creating one SQLite storage
+    # at the same moment race on its tables.
+    (state / "dagster_home").mkdir()
+    DagsterInstance.from_config(str(state / "dagster_home")).dispose()
     data = yaml.safe_load(config.read_text())
     other = tmp_path / "server-b.yaml"
     other.write_text(yaml.safe_dump({**data, "api": {**data["api"], "port": free_port()}}))

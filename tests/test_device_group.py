@@ -65,6 +65,23 @@ def submit(stack, shot_id: str, **changes) -> str:
     return resp.json()["version_id"]
 
 
+def wait_for_group_busy(stack, timeout: float = 120) -> dict:
+    """The group's status once it is on a run; on a timeout, what both workers were doing (their
+    status and the end of their logs), so a failure on a slower machine says why."""
+
+    def group_busy():
+        status = worker_status(stack, GROUP)
+        return status if status["state"] == "busy" and status["run_id"] else None
+
+    try:
+        return wait_for(group_busy, timeout, "the group to take a run", interval=0.1)
+    except AssertionError as exc:
+        logs = Path(stack.state) / "logs"
+        facts = [f"{name}: {worker_status(stack, name)}" for name in (GROUP, SINGLE)]
+        facts += [f"--- {p.name}\n" + "\n".join(p.read_text().splitlines()[-40:]) for p in logs.glob("*.log")]
+        raise AssertionError(f"{exc}\n" + "\n".join(facts)) from None
+
+
 def video_sha(done: dict) -> str:
     [video] = [a for a in done["artifacts"] if a["kind"] == "video"]
     return video["sha256"]
@@ -99,11 +116,7 @@ def test_kill_9_of_a_rank_restarts_the_group_and_the_run_resumes(stack):
     slow = {"num_inference_steps": 60, "num_frames": 33}
     versions = [submit(stack, f"long{i}", **slow) for i in range(2)]
 
-    def group_busy():
-        status = worker_status(stack, GROUP)
-        return status if status["state"] == "busy" and status["run_id"] else None
-
-    busy = wait_for(group_busy, 60, "the group to take a run", interval=0.1)
+    busy = wait_for_group_busy(stack)
     time.sleep(0.5)  # into the denoise
     os.kill(busy["group"]["follower_pids"][0], signal.SIGKILL)
 
@@ -129,11 +142,7 @@ def test_a_run_cancelled_mid_denoise_stops_every_rank_and_the_group_goes_on(stac
     before = worker_status(stack, GROUP)
     versions = [submit(stack, f"cancel{i}", num_inference_steps=60, num_frames=33) for i in range(2)]
 
-    def group_inferring():
-        status = worker_status(stack, GROUP)
-        return status["run_id"] if status["state"] == "busy" and status["run_id"] else None
-
-    run_id = wait_for(group_inferring, 60, "the group to take a run", interval=0.1)
+    run_id = wait_for_group_busy(stack)["run_id"]
     time.sleep(0.5)
     assert stack.gateway().terminate(run_id)
     victim = next(v for v in versions if run_id in {r.run_id for r in stack.runs_of(v)})
@@ -156,11 +165,7 @@ def test_kill_9_of_rank_0_takes_its_ranks_down_and_the_group_comes_back(stack):
     # Two jobs: each worker takes one.
     versions = [submit(stack, f"rank0-{i}", num_inference_steps=60, num_frames=33) for i in range(2)]
 
-    def group_busy():
-        status = worker_status(stack, GROUP)
-        return status if status["state"] == "busy" and status["run_id"] else None
-
-    wait_for(group_busy, 60, "the group to take a run", interval=0.1)
+    wait_for_group_busy(stack)
     os.kill(before["pid"], signal.SIGKILL)
 
     # Its ranks die with it (no orphan holds a device or waits in a collective) ...
