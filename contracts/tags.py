@@ -8,6 +8,8 @@ keeps those tags with the run but never lists them, in the UI or over GraphQL. T
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 # Dagster's own tags (spelled as dagster._core.storage.tags does; kept here so the API, which reads
 # them over GraphQL, imports no Dagster internals).
 PRIORITY_TAG = "dagster/priority"  # the run queue's order: higher first
@@ -26,6 +28,9 @@ KIND_TAG = "shotloom/kind"  # r2v | merge (the R2V API), v1 | image (the OpenAI 
 USER_TAG = "user"
 RERENDER_TAG = "shotloom/rerender"  # why a re-render exists (its reason)
 STEP_TAG = "shotloom/step"  # 0 (absent) for a job's first run, n for its n-th follow-up
+# A second submission of a job's step (a launch retried while the first was still on its way): the
+# run queue cancels it unrun; the value is the run that has the step.
+DUPLICATE_OF_TAG = "shotloom/duplicate_of"
 WORKER_TAG = "shotloom/worker"  # the device worker that ran it
 # The tags a re-render batch may filter shots by (server YAML schedules, POST /queue/rerender).
 MATCH_TAGS = (KIND_TAG, USER_TAG)
@@ -70,6 +75,13 @@ def run_tags(
     return tags
 
 
-def run_step(tags: dict[str, str]) -> int:
+def run_step(tags: Mapping[str, str]) -> int:
     """Which of its job's runs a run is: 0 the first, n the n-th follow-up."""
     return int(tags.get(STEP_TAG) or 0)
+
+
+def starts_step(tags: Mapping[str, str], root_run_id: str | None, run_id: str, step: int) -> bool:
+    """A run submitted to start its job's ``step`` (not a retry of it, not a duplicate)."""
+    return (
+        run_step(tags) == step and (not root_run_id or root_run_id == run_id) and DUPLICATE_OF_TAG not in tags
+    )

@@ -1,6 +1,12 @@
 """The run queue: Dagster's QueuedRunCoordinator with a sub-second dequeue interval, and the
 operator's queue control (pause intake to the devices, change a queued run's priority).
 
+A job's step is submitted once, whatever happens to the launch: a launch whose answer was lost (the
+webserver waiting for its storage past the client's timeout) is looked up and sent again, and the
+first one may land after that. :meth:`DeviceRunCoordinator.submit_run` (in the webserver, as the run
+is submitted) cancels, unrun, a run that starts a step an earlier run of the same job already
+started, tagged with that run's id, which the API then follows instead.
+
 The stock coordinator takes whole seconds, and a run submitted to idle workers waits on
 average half an interval plus one daemon iteration before it is launched: with 1 s that
 was the largest piece of the per-run orchestration overhead (bench/scheduler.py). The
@@ -22,12 +28,22 @@ from typing import Any
 
 from dagster import DagsterRunStatus, Field, Float, RunsFilter, StringSource
 from dagster._config.config_schema import UserConfigSchema
+from dagster._core.run_coordinator.base import SubmitRunContext
 from dagster._core.run_coordinator.queued_run_coordinator import QueuedRunCoordinator, RunQueueConfig
+from dagster._core.storage.dagster_run import DagsterRun
 from dagster._core.storage.runs.schema import RunsTable, RunTagsTable
 from dagster._core.storage.runs.sql_run_storage import SqlRunStorage
 from sqlalchemy import func, select
 
-from contracts.tags import GPU_TAG, POOL_TAGS, PRIORITY_TAG
+from contracts.tags import (
+    DUPLICATE_OF_TAG,
+    GPU_TAG,
+    POOL_TAGS,
+    PRIORITY_TAG,
+    VERSION_TAG,
+    run_step,
+    starts_step,
+)
 from orchestration.queue_control import QueueControl
 from orchestration.registry import WorkerRegistry
 
@@ -64,6 +80,38 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
             if dequeue_interval_seconds <= 0:
                 raise ValueError(f"dequeue_interval_seconds must be > 0, got {dequeue_interval_seconds}")
             self._dequeue_interval_seconds = float(dequeue_interval_seconds)  # type: ignore[assignment]
+
+    def submit_run(self, context: SubmitRunContext) -> DagsterRun:
+        run = context.dagster_run
+        original = self._original_of(run)
+        if original is None:
+            return super().submit_run(context)
+        self._instance.add_run_tags(run.run_id, {DUPLICATE_OF_TAG: original})
+        self._instance.report_run_canceled(
+            run,
+            message=f"Not run: a second submission of step {run_step(run.tags)} of version "
+            f"{run.tags[VERSION_TAG]}, which run {original} has.",
+        )
+        return self._instance.get_run_by_id(run.run_id) or run
+
+    def _original_of(self, run: DagsterRun) -> str | None:
+        """The earlier run (by storage order) that starts the same step of the same job, if any,
+        and was not canceled: two launches landing at once agree on which one stays."""
+        version = run.tags.get(VERSION_TAG)
+        step = run_step(run.tags)
+        if version is None or not starts_step(run.tags, run.root_run_id, run.run_id, step):
+            return None
+        records = self._instance.get_run_records(RunsFilter(tags={VERSION_TAG: version}))
+        mine = next((r.storage_id for r in records if r.dagster_run.run_id == run.run_id), None)
+        earlier = [
+            r
+            for r in records
+            if mine is not None
+            and r.storage_id < mine
+            and r.dagster_run.status != DagsterRunStatus.CANCELED
+            and starts_step(r.dagster_run.tags, r.dagster_run.root_run_id, r.dagster_run.run_id, step)
+        ]
+        return min(earlier, key=lambda r: r.storage_id).dagster_run.run_id if earlier else None
 
     @property
     def dequeue_interval_seconds(self) -> float:  # type: ignore[override]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from dagster import DagsterInstance, DagsterRunStatus
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 from dagster._core.launcher import LaunchRunContext
 from dagster._daemon.controller import create_daemon_of_type
 from dagster._daemon.run_coordinator import QueuedRunCoordinatorDaemon
@@ -32,12 +32,16 @@ from contracts import events
 from contracts.tags import (
     ADMISSION_TAG,
     BOOT_TAG,
+    DUPLICATE_OF_TAG,
     GPU_TAG,
+    KIND_TAG,
     LAUNCHED_AT_TAG,
     LOADS_TAG,
     MEDIA_TAG,
     PID_TAG,
     STAGE_TAG,
+    STEP_TAG,
+    VERSION_TAG,
     WORKER_TAG,
 )
 from orchestration.instance_yaml import write_dagster_yaml
@@ -400,6 +404,40 @@ def test_merge_runs_on_the_warm_media_worker_never_a_device(stack):
     assert GPU_TAG not in run.tags and run.tags[WORKER_TAG] in pids  # no device for a merge
     assert run.tags[PID_TAG] == pids[run.tags[WORKER_TAG]]  # in the long-lived process: none started
     assert list((media / "merge" / "w").glob("*/film.mp4"))
+
+
+@pytest.mark.slow
+def test_a_jobs_step_submitted_twice_runs_once_and_both_answers_name_the_same_run(stack):
+    """A launch retried after its answer was lost may land after the first one did: the run queue
+    cancels the second, unrun, and both submissions answer the run that has the step."""
+    from api.dagster import DagsterGateway, RunSubmission
+
+    gateway = DagsterGateway("127.0.0.1", stack.port, timeout_s=60)
+    config = {"work_id": "w", "shot_id": "twice", "prompt": "shot twice", "seed": 1}
+    run_config = {"ops": {"condition_op": {"config": config}}}
+    step0 = RunSubmission("r2v", run_config, {VERSION_TAG: "v-twice", KIND_TAG: "r2v"})
+    first = gateway.submit(step0.job_name, step0.run_config, step0.tags)
+    # Again alone, then twice in one document (two launches the webserver takes one after another).
+    assert gateway.submit(step0.job_name, step0.run_config, step0.tags) == first
+    assert gateway.submit_many([step0, step0]) == [first, first]
+    # Another step of the same job is not a duplicate.
+    step1 = RunSubmission("r2v", run_config, {**step0.tags, STEP_TAG: "1"})
+    [other] = gateway.submit_many([step1])
+    assert other != first
+    assert stack.wait([first, other]) == [DagsterRunStatus.SUCCESS] * 2, stack.log("daemon")
+    with stack.instance() as instance:
+        runs = [
+            r.dagster_run
+            for r in instance.get_run_records()
+            if r.dagster_run.tags.get(VERSION_TAG) == "v-twice"
+        ]
+        # The run that has the step ran once.
+        assert len(instance.get_records_for_run(first, of_type=DagsterEventType.RUN_SUCCESS).records) == 1
+    duplicates = [r for r in runs if r.run_id not in (first, other)]
+    assert len(duplicates) == 3
+    for run in duplicates:  # canceled before the queue, never given to a worker
+        assert run.status == DagsterRunStatus.CANCELED and run.tags[DUPLICATE_OF_TAG] == first
+        assert WORKER_TAG not in run.tags
 
 
 @pytest.mark.slow

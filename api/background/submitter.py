@@ -26,6 +26,10 @@ SUBMIT_REFUSALS = 3  # Dagster refusing a job's run this many times (while reach
 SUBMIT_BATCH = 25  # runs per GraphQL document: a burst reaches the queue in few round trips
 
 
+class LaunchInFlight(Exception):
+    """A run of the step was created and is being enqueued: look again next tick."""
+
+
 class Submitter:
     def __init__(
         self,
@@ -152,7 +156,10 @@ class Submitter:
             for r in self.gateway.find_runs_by_tag(tags.VERSION_TAG, job.version_id)
             if first_of_step(r, step)
         ]
-        return runs[-1].run_id if runs else None
+        if not self._drop_never_enqueued(runs):
+            raise LaunchInFlight(f"version {job.version_id}: a run of step {step} is being submitted")
+        runs = [r for r in runs if r.status != "NOT_STARTED"]
+        return runs[-1].run_id if runs else None  # the oldest: a later one was canceled unrun
 
     def submit_follow_up(self, job: JobRecord, step: int, job_name: str, run_config: dict) -> str | None:
         """Submit ``job``'s ``step``-th follow-up; None when Dagster refused it (counted as above)."""
@@ -186,5 +193,5 @@ def run_tags(job: JobRecord, step: int = 0) -> dict[str, str]:
 
 
 def first_of_step(run: RunInfo, step: int) -> bool:
-    """The run a step started with (not a retry of it)."""
-    return tags.run_step(run.tags) == step and (not run.root_run_id or run.root_run_id == run.run_id)
+    """The run a step started with (not a retry of it, not a second submission canceled unrun)."""
+    return tags.starts_step(run.tags, run.root_run_id, run.run_id, step)

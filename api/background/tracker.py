@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.background.callbacks import Callbacks
-from api.background.submitter import Submitter
+from api.background.submitter import LaunchInFlight, Submitter
 from api.background.workers import WorkerStatuses
 from api.core.jobs import VIDEO_KIND
 from api.core.records import ArtifactRecord, FollowUp, JobRecord
@@ -199,7 +199,11 @@ class Tracker:
         running, its stage and stage times carried on."""
         live = self._live(run, job)
         live.update(run_status="STARTING", runs=[*live.get("runs", []), run.run_id])  # the runs before
-        run_id = self.submitter.submitted_follow_up(job, step, run.end_time or 0)
+        try:
+            run_id = self.submitter.submitted_follow_up(job, step, run.end_time or 0)
+        except LaunchInFlight as exc:
+            log.info("%s: looked again next tick", exc)
+            return
         if run_id is None and job.cancel_requested_at is not None:  # cancelled between two runs
             self.store.update_status(
                 job.version_id,

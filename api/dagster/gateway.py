@@ -51,7 +51,7 @@ from api.dagster.types import (
     RunSubmission,
     StepFailure,
 )
-from contracts.tags import PARENT_RUN_ID_TAG, ROOT_RUN_ID_TAG
+from contracts.tags import DUPLICATE_OF_TAG, PARENT_RUN_ID_TAG, ROOT_RUN_ID_TAG
 
 _PAGE = 500  # runs per page for tag queries
 _EVENT_PAGE = 1000  # events per page when reading a failed run's log
@@ -303,7 +303,7 @@ class DagsterGateway:
 
     def submit(self, job_name: str, run_config: Mapping[str, Any], tags: Mapping[str, str]) -> str:
         """Submit (queue or launch, per the instance's run coordinator) one run; returns its run id.
-        Not idempotent: see :meth:`submit_many`."""
+        A step of a job (its version and step tags) submitted again answers the run that has it."""
         (answer,) = self.submit_many([RunSubmission(job_name, run_config, tags)])
         if isinstance(answer, DagsterGatewayError):
             raise answer
@@ -314,8 +314,10 @@ class DagsterGateway:
         executes serially in document order, so the runs enter Dagster's queue in the order given,
         at a fraction of the per-request cost. Answers a run id or the refusal, per submission.
 
-        Not idempotent: after a timeout the runs may still exist. Tag runs with a unique key and
-        reconcile with :meth:`find_runs_by_tag` before submitting again. Raises
+        After a timeout the runs may still exist, or land later: look them up by tag
+        (:meth:`find_runs_by_tag`) before submitting again. A job's step that lands twice anyway is
+        canceled unrun by the run queue the second time (``orchestration.coordinator``), and its
+        answer is the first run. Raises
         :class:`DagsterUnavailable` when the webserver cannot answer.
         """
         if not submissions:
@@ -343,7 +345,10 @@ class DagsterGateway:
             result = data.get(f"r{n}") or {}
             kind = result.get("__typename")
             if kind == "LaunchRunSuccess":
-                answers.append(result["run"]["runId"])
+                # A second submission of a step is canceled by the run queue, which names the run
+                # that has the step: that run is the answer (submitting a step is idempotent).
+                run = result["run"]
+                answers.append(_tags(run.get("tags")).get(DUPLICATE_OF_TAG) or run["runId"])
                 continue
             errors = result.get("errors")
             detail = "; ".join(e["message"] for e in errors) if errors else result.get("message") or kind

@@ -33,7 +33,8 @@ class Gateway(Protocol):
 
     # -- submitting --------------------------------------------------------------------------------
     def submit(self, job_name: str, run_config: Mapping[str, Any], tags: Mapping[str, str]) -> str:
-        """Queue one run; its run id. Not idempotent (tag runs, look them up before again)."""
+        """Queue one run; its run id. A job's step (its version and step tags) submitted again
+        answers the run that has it; after a timeout, look the step up by tag before again."""
         ...
 
     def submit_many(self, submissions: Sequence[RunSubmission]) -> list[str | DagsterGatewayError]:

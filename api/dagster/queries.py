@@ -3,7 +3,7 @@
 LAUNCH_RESULT = """
 fragment LaunchResult on LaunchRunResult {
   __typename
-  ... on LaunchRunSuccess { run { runId } }
+  ... on LaunchRunSuccess { run { runId tags { key value } } }
   ... on RunConfigValidationInvalid { errors { message } }
   ... on Error { message }
 }
