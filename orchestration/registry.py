@@ -89,12 +89,13 @@ class _Watch:
     def install(self) -> None:
         if self._installed:
             return
-        from sqlalchemy import event, exc
+        from sqlalchemy import event
         from sqlalchemy.engine import Engine
 
+        from orchestration.storage import lost_connection
+
         def on_error(context) -> None:
-            error = context.sqlalchemy_exception
-            if context.is_disconnect or isinstance(error, exc.OperationalError | exc.InterfaceError):
+            if context.is_disconnect or lost_connection(context.sqlalchemy_exception):
                 self.failed()
 
         event.listen(Engine, "handle_error", on_error)

@@ -18,9 +18,10 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger("shotloom.storage")
+T = TypeVar("T")
 
 _PER_RUN_DIR = "runs"  # Dagster's per-run event files, under history/
 _IMPORTED_DIR = "runs.consolidated"  # where they go once imported (kept: a manual rollback needs them)
@@ -95,6 +96,39 @@ def dagster_postgres_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def lost_connection(error: BaseException) -> bool:
+    """The connection to the database failed or was cut (the server down, restarting, out of
+    reach), as opposed to a statement the server refused (a constraint, bad SQL)."""
+    import sqlalchemy
+
+    return isinstance(error, sqlalchemy.exc.DBAPIError) and (
+        error.connection_invalidated
+        or isinstance(error, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError)
+    )
+
+
+def _patiently(
+    attempt: Callable[[], T], patience_s: float, retryable: Callable[[BaseException], bool], what: str
+) -> T:
+    """``attempt()``, tried again with a growing, jittered pause while it raises what
+    ``retryable`` accepts, for up to ``patience_s``; then (or for anything else) its error."""
+    import random
+    import time
+
+    deadline, wait, warned = time.monotonic() + patience_s, 0.2, False
+    while True:
+        try:
+            return attempt()
+        except Exception as exc:
+            if not retryable(exc) or time.monotonic() >= deadline:
+                raise
+            if not warned:
+                log.warning("%s, retrying for up to %g s: %s", what, patience_s, str(exc).splitlines()[0])
+                warned = True
+        time.sleep(wait * random.uniform(0.5, 1.0))
+        wait = min(wait * 2, 2.0)
+
+
 def wait_out_postgres_outages(patience_s: float, gate: Callable[[], None] | None = None) -> None:
     """Make this process's Dagster PostgreSQL storages wait for the server up to ``patience_s``.
 
@@ -105,42 +139,27 @@ def wait_out_postgres_outages(patience_s: float, gate: Callable[[], None] | None
     its outcome) waits for the server instead, and the run goes on where it was. Only the module's
     name is replaced: the storages look it up at each connection (dagster is pinned exactly).
     ``gate``: called with each new connection made, before it is used (the worker's fence)."""
-    import random
-    import time
-
     import sqlalchemy
     from dagster_postgres import utils
 
-    base_wait_s, max_wait_s = 0.2, 2.0
+    unreachable = (sqlalchemy.exc.DatabaseError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.TimeoutError)
 
-    def patient(fn, retry_limit: int = 5, retry_wait: float = base_wait_s):  # Dagster's signature
-        deadline = time.monotonic() + patience_s
-        wait, warned = retry_wait, False
-        while True:
+    def patient(fn, retry_limit: int = 5, retry_wait: float = 0.2):  # Dagster's signature
+        try:
+            connection = _patiently(
+                fn, patience_s, lambda exc: isinstance(exc, unreachable), "Dagster's PostgreSQL unreachable"
+            )
+        except unreachable as exc:
+            raise utils.DagsterPostgresException(
+                f"PostgreSQL unreachable for more than {patience_s:g} s"
+            ) from exc
+        if gate is not None:
             try:
-                connection = fn()
-            except (
-                sqlalchemy.exc.DatabaseError,
-                sqlalchemy.exc.OperationalError,
-                sqlalchemy.exc.TimeoutError,
-            ) as exc:
-                if time.monotonic() >= deadline:
-                    raise utils.DagsterPostgresException(
-                        f"PostgreSQL unreachable for more than {patience_s:g} s"
-                    ) from exc
-                if not warned:
-                    log.warning("Dagster's PostgreSQL unreachable, waiting up to %g s: %s", patience_s, exc)
-                    warned = True
-            else:
-                if gate is not None:
-                    try:
-                        gate()
-                    except BaseException:
-                        connection.close()
-                        raise
-                return connection
-            time.sleep(wait * random.uniform(0.5, 1.0))
-            wait = min(wait * 2, max_wait_s)
+                gate()
+            except BaseException:
+                connection.close()
+                raise
+        return connection
 
     utils.retry_pg_connection_fn = patient
 
@@ -159,32 +178,16 @@ def retry_run_writes(instance: Any, patience_s: float) -> None:
     connection in the middle of one (a restart). :func:`wait_out_postgres_outages` waits at the
     next connect, but a statement already sent fails with "server closed the connection
     unexpectedly", which would fail the step it belongs to. Such a call is tried again, on a new
-    connection (so once the server is back), for up to ``patience_s``. Only disconnects are
+    connection (so once the server is back), for up to ``patience_s``. Only lost connections are
     retried: a write the server refused (a constraint) fails as it would have. The rare write that
     committed just before the connection dropped is recorded twice (an event seen twice; nothing
     is executed again)."""
-    import random
-    import time
 
-    import sqlalchemy
-
-    def disconnected(error: BaseException) -> bool:
-        return isinstance(error, sqlalchemy.exc.DBAPIError) and (
-            error.connection_invalidated or isinstance(error, sqlalchemy.exc.OperationalError)
-        )
-
-    def patient(write):
+    def patient(call):
         def retried(*args, **kwargs):
-            deadline, wait = time.monotonic() + patience_s, 0.2
-            while True:
-                try:
-                    return write(*args, **kwargs)
-                except Exception as exc:
-                    if not disconnected(exc) or time.monotonic() >= deadline:
-                        raise
-                    log.warning("a run write lost its connection, retrying: %s", str(exc).splitlines()[0])
-                time.sleep(wait * random.uniform(0.5, 1.0))
-                wait = min(wait * 2, 2.0)
+            return _patiently(
+                lambda: call(*args, **kwargs), patience_s, lost_connection, "a run write lost its connection"
+            )
 
         return retried
 

@@ -17,6 +17,8 @@ from orchestration.worker.memory import admit, runtime_for
 from orchestration.worker.snapshot import loaded_runtimes, loads
 
 if TYPE_CHECKING:
+    from dagster import DagsterRun
+
     from orchestration.worker.process import Worker
 
 log = logging.getLogger("shotloom.worker")
@@ -107,6 +109,33 @@ def _fail_unfinished(worker: Worker, run_id: str, message: str) -> None:
         log.exception("%s: could not report %s as failed", worker.name, run_id)
 
 
+def _restore_status(worker: Worker, run: DagsterRun) -> DagsterRun | None:
+    """Dagster records a run's end in two writes: its ending event, then its status. The storage
+    cut between the two (PostgreSQL restarting) leaves the event in the log and the run STARTED,
+    and the daemon, which sees its worker alive, then waits on it for ever. The worker that ran it
+    writes the status again from the event (the storage's own ``handle_run_event``)."""
+    from dagster import DagsterEventType
+    from dagster._time import datetime_from_timestamp
+
+    run_id = run.run_id
+    ending = {DagsterEventType.RUN_SUCCESS, DagsterEventType.RUN_FAILURE, DagsterEventType.RUN_CANCELED}
+    records = worker.instance.get_records_for_run(run_id, of_type=ending, limit=1, ascending=False).records
+    if not records:
+        return run
+    entry = records[0].event_log_entry
+    log.warning(
+        "%s: run %s ended (%s) but its status reads %s: recording it again",
+        worker.name,
+        run_id,
+        entry.dagster_event_type.value,
+        run.status.value,
+    )
+    worker.instance.run_storage.handle_run_event(
+        run_id, entry.get_dagster_event(), datetime_from_timestamp(entry.timestamp)
+    )
+    return worker.instance.get_run_by_id(run_id)
+
+
 def _after_run(worker: Worker, run_id: str) -> None:
     from dagster import DagsterRunStatus
 
@@ -122,6 +151,8 @@ def _after_run(worker: Worker, run_id: str) -> None:
     }
     try:
         run = worker.instance.get_run_by_id(run_id)
+        if run is not None and not run.is_finished:
+            run = _restore_status(worker, run)
         if run is not None and run.status == DagsterRunStatus.CANCELING:
             # Interrupted before Dagster could record it (e.g. the run never reached a step).
             worker.instance.report_run_canceled(run, "Canceled on the device worker.")

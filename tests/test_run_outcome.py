@@ -1,0 +1,102 @@
+"""A run's outcome survives the storage going away around it: a run write whose connection was cut
+is tried again (a refused one is not), and a run whose ending event was stored but whose status
+write was lost (PostgreSQL stopping between Dagster's two writes) gets its status back from the
+worker that ran it, on Dagster's real (in-memory SQLite) storage."""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import SimpleNamespace
+
+import pytest
+import sqlalchemy
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, job, op
+from dagster._core.events import DagsterEvent
+from dagster._core.events.log import EventLogEntry
+
+from orchestration import storage
+from orchestration.worker.execute import _restore_status
+
+
+@op
+def noop() -> None:
+    pass
+
+
+@job
+def one() -> None:
+    noop()
+
+
+def ended(run_id: str, kind: DagsterEventType) -> EventLogEntry:
+    event = DagsterEvent(event_type_value=kind.value, job_name="one", message="ended")
+    return EventLogEntry(
+        error_info=None,
+        level=logging.DEBUG,
+        user_message="",
+        run_id=run_id,
+        timestamp=time.time(),
+        dagster_event=event,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "status"),
+    [
+        (DagsterEventType.RUN_SUCCESS, DagsterRunStatus.SUCCESS),
+        (DagsterEventType.RUN_FAILURE, DagsterRunStatus.FAILURE),
+    ],
+)
+def test_a_run_whose_status_write_was_lost_gets_it_back_from_its_ending_event(kind, status):
+    with DagsterInstance.ephemeral() as instance:
+        run = instance.create_run_for_job(one, status=DagsterRunStatus.STARTED)
+        instance.event_log_storage.store_event(ended(run.run_id, kind))  # the status write is lost
+        stuck = instance.get_run_by_id(run.run_id)
+        assert stuck.status == DagsterRunStatus.STARTED
+        worker = SimpleNamespace(instance=instance, name="cpu-0")
+        assert _restore_status(worker, stuck).status == status
+        assert instance.get_run_by_id(run.run_id).status == status
+
+
+def test_a_run_still_going_is_left_as_it_is():
+    with DagsterInstance.ephemeral() as instance:
+        run = instance.create_run_for_job(one, status=DagsterRunStatus.STARTED)
+        worker = SimpleNamespace(instance=instance, name="cpu-0")
+        assert _restore_status(worker, run).status == DagsterRunStatus.STARTED
+
+
+def cut() -> sqlalchemy.exc.OperationalError:
+    return sqlalchemy.exc.OperationalError("INSERT", {}, Exception("server closed the connection"))
+
+
+def test_a_call_cut_mid_statement_is_tried_again_and_a_refused_one_is_not():
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise cut()
+        return "written"
+
+    assert storage._patiently(flaky, 10, storage.lost_connection, "a write") == "written"
+    assert len(calls) == 3
+
+    refused = sqlalchemy.exc.IntegrityError("INSERT", {}, Exception("duplicate key"))
+    assert not storage.lost_connection(refused)
+    tries = []
+
+    def constraint():
+        tries.append(1)
+        raise refused
+
+    with pytest.raises(sqlalchemy.exc.IntegrityError):
+        storage._patiently(constraint, 10, storage.lost_connection, "a write")
+    assert len(tries) == 1
+
+
+def test_past_its_patience_the_lost_connection_is_raised():
+    started = time.monotonic()
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        storage._patiently(lambda: (_ for _ in ()).throw(cut()), 0.5, storage.lost_connection, "a write")
+    assert time.monotonic() - started < 5
