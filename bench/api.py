@@ -28,7 +28,13 @@ ports, waits for ``GET /health`` to answer 200, then measures over real HTTP:
 Also shown: CPU time the API process spent per request in each phase (from /proc, via psutil).
 The service is stopped with SIGTERM to its process group (SIGKILL after 60 s), also on errors.
 
+With ``--baseline REV`` the same measurement first runs on git revision REV (its own
+``bench/api.py``, in a temporary worktree, the service started from that tree), then on this tree,
+in one run on one host: the RESULT line then also carries REV's figures as ``baseline_*`` (e.g.
+``--baseline c6a853b^``, the tree before the store-invalidated view caches).
+
     python bench/api.py [--requests 60] [--pollers 50] [--seconds 10] [--burst 100] [--merges 5] [--keep]
+                        [--baseline REV]
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import os
 import shutil
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -462,7 +469,9 @@ def main() -> None:
     p.add_argument("--dequeue-interval", type=float, help="dequeue_interval_seconds (default: the server's)")
     p.add_argument("--media-workers", type=int, help="workers.media (default: the server's)")
     p.add_argument("--keep", action="store_true", help="keep the temporary state dir")
+    p.add_argument("--baseline", metavar="REV", help="also measure git revision REV first, side by side")
     args = p.parse_args()
+    baseline = measure_baseline(args.baseline) if args.baseline else None
     for key, value in ONE_THREAD.items():
         os.environ.setdefault(key, value)  # inherited by server.py's workers
 
@@ -520,7 +529,31 @@ def main() -> None:
         else:
             shutil.rmtree(root, ignore_errors=True)
 
-    report(args, accept, version, v1_accept, v1_poll, health, start_s, burst, merge)
+    report(args, accept, version, v1_accept, v1_poll, health, start_s, burst, merge, baseline)
+
+
+def measure_baseline(rev: str) -> dict[str, str]:
+    """The figures of ``rev``'s own bench/api.py (same arguments, less ``--baseline``), run from a
+    temporary git worktree with that tree first on the import path (the service it starts too)."""
+    argv = [a for a in sys.argv[1:] if not a.startswith("--baseline=")]
+    if "--baseline" in argv:
+        at = argv.index("--baseline")
+        del argv[at : at + 2]
+    tree = Path(tempfile.mkdtemp(prefix="shotloom-bench-baseline-"))
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), rev], check=True)
+    try:
+        print(f"--- baseline: {rev} ({tree}) ---", flush=True)
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        proc = subprocess.run(
+            [sys.executable, str(tree / "bench" / "api.py"), *argv],
+            cwd=tree, env=env, stdout=subprocess.PIPE, text=True, check=True,
+        )  # fmt: skip
+        print(proc.stdout, flush=True)
+        [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1:]
+        print(f"--- this tree ({REPO}) ---", flush=True)
+        return dict(field.split("=", 1) for field in line.split()[1:])
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
 
 
 def report(
@@ -533,6 +566,7 @@ def report(
     start_s: float,
     burst: dict,
     merge: dict,
+    baseline: dict[str, str] | None = None,
 ) -> None:
     queue = health["queues"]["r2v"]
     print()
@@ -590,6 +624,10 @@ def report(
     }
     for key, ok in verdict.items():
         print(f"target {key} <= {TARGETS[key]:g}: {'met' if ok else 'MISSED'}")
+    compared = ("accept_p50_ms", "version_p99_ms", "v1_accept_p50_ms", "v1_poll_p99_ms", "version_rps")
+    before = {f"baseline_{k}": baseline[k] for k in compared if k in baseline} if baseline else {}
+    if baseline:
+        print(f"baseline {args.baseline}: " + ", ".join(f"{k} {baseline.get(k)}" for k in compared))
     print(result_line({
         "accept_p50_ms": round(accept["p50_ms"], 1),
         "accept_p99_ms": round(accept["p99_ms"], 1),
@@ -608,6 +646,7 @@ def report(
         "burst_in_order": burst["in_order"],
         "merge_p50_s": round(merge["p50_s"], 2),
         **{f"merge_{k}_p50_s": round(v, 2) for k, v in merge["phases"].items()},
+        **before,
     }))  # fmt: skip
 
 

@@ -17,8 +17,10 @@ workers and a media worker on the tiny Wan checkpoint, the API) on a throwaway P
 * audit, once every accepted job has finished (faults stopped): ``lost`` (accepted, then unknown or
   never finished), ``ran_twice`` (a step of a job that succeeded more than once in Dagster's event
   log), ``missing_callbacks`` / ``dup_callbacks`` (finished r2v jobs whose receiver got none / more
-  than one delivery), ``bad_media`` (a succeeded job whose video does not decode with PyAV), and
-  ``failed`` (jobs that ended failed: allowed, reported).
+  than one delivery), ``bad_media`` (a succeeded job whose video does not decode with PyAV),
+  ``failed`` (jobs that ended failed: allowed, reported), and ``launches_deduplicated`` (second
+  submissions of a step that the run queue canceled unrun: a launch sent again after its answer
+  was lost; reported).
 
     python bench/soak.py [--jobs 200] [--pace 2] [--fault-every 20] [--seed 0] [--keep]
 
@@ -332,6 +334,10 @@ def audit(load: Load, receiver: Receiver, database_url: str) -> dict[str, int]:
             "FROM event_logs e JOIN run_tags t ON t.run_id = e.run_id AND t.key = 'shotloom/version_id' "
             "WHERE e.dagster_event_type = 'STEP_SUCCESS' GROUP BY 1, 2 HAVING count(*) > 1"
         ).fetchall()
+        # Second submissions of a step the run queue canceled unrun (a launch sent again).
+        [(deduplicated,)] = conn.execute(
+            "SELECT count(*) FROM run_tags WHERE key = 'shotloom/duplicate_of'"
+        ).fetchall()
     for row in twice:
         print("ran twice:", row, flush=True)
     for version, got in repeated.items():
@@ -348,7 +354,7 @@ def audit(load: Load, receiver: Receiver, database_url: str) -> dict[str, int]:
             bad += 1
     return {"lost": lost, "ran_twice": len({row[0] for row in twice}), "missing_callbacks": missing,
             "dup_callbacks": dup, "repeated_deliveries": len(repeated) - dup, "bad_media": bad,
-            "failed": failed}  # fmt: skip
+            "failed": failed, "launches_deduplicated": deduplicated}  # fmt: skip
 
 
 def main() -> None:
