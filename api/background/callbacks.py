@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from api.core.records import JobRecord
-from api.store import CallbackDelivery, Store, backoff_delay
+from api.store import CallbackDelivery, Store, StoreUnavailable, backoff_delay
 from settings.api import ApiConfig
 
 log = logging.getLogger("shotloom.api")
@@ -67,7 +67,9 @@ class Callbacks:
                         task = asyncio.create_task(self._attempt(client, delivery))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
-                except Exception as exc:  # the store away or locked: the next look
+                except StoreUnavailable:
+                    pass  # said once a while by the store itself; the next look
+                except Exception as exc:  # the store locked, a bug: the next look
                     log.warning("callbacks: %s", exc)
                 await asyncio.sleep(IDLE_S)
             # Stopping: attempts still running are dropped; their leases end and they are sent again.
