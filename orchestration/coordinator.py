@@ -3,9 +3,9 @@ operator's queue control (pause intake to the devices, change a queued run's pri
 
 A job's step is submitted once, whatever happens to the launch: a launch whose answer was lost (the
 webserver waiting for its storage past the client's timeout) is looked up and sent again, and the
-first one may land after that. :meth:`DeviceRunCoordinator.submit_run` (in the webserver, as the run
-is submitted) cancels, unrun, a run that starts a step an earlier run of the same job already
-started, tagged with that run's id, which the API then follows instead.
+first one may land after that. As a run is submitted (in the webserver),
+:func:`cancel_if_duplicate` cancels, unrun, a run that starts a step an earlier run of the same job
+already started, tagged with that run's id, which the API then follows instead.
 
 The stock coordinator takes whole seconds, and a run submitted to idle workers waits on
 average half an interval plus one daemon iteration before it is launched: with 1 s that
@@ -26,7 +26,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dagster import DagsterRunStatus, Field, Float, RunsFilter, StringSource
+from dagster import DagsterInstance, DagsterRunStatus, Field, Float, RunsFilter, StringSource
 from dagster._config.config_schema import UserConfigSchema
 from dagster._core.run_coordinator.base import SubmitRunContext
 from dagster._core.run_coordinator.queued_run_coordinator import QueuedRunCoordinator, RunQueueConfig
@@ -83,35 +83,9 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
 
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
         run = context.dagster_run
-        original = self._original_of(run)
-        if original is None:
+        if cancel_if_duplicate(self._instance, run) is None:
             return super().submit_run(context)
-        self._instance.add_run_tags(run.run_id, {DUPLICATE_OF_TAG: original})
-        self._instance.report_run_canceled(
-            run,
-            message=f"Not run: a second submission of step {run_step(run.tags)} of version "
-            f"{run.tags[VERSION_TAG]}, which run {original} has.",
-        )
         return self._instance.get_run_by_id(run.run_id) or run
-
-    def _original_of(self, run: DagsterRun) -> str | None:
-        """The earlier run (by storage order) that starts the same step of the same job, if any,
-        and was not canceled: two launches landing at once agree on which one stays."""
-        version = run.tags.get(VERSION_TAG)
-        step = run_step(run.tags)
-        if version is None or not starts_step(run.tags, run.root_run_id, run.run_id, step):
-            return None
-        records = self._instance.get_run_records(RunsFilter(tags={VERSION_TAG: version}))
-        mine = next((r.storage_id for r in records if r.dagster_run.run_id == run.run_id), None)
-        earlier = [
-            r
-            for r in records
-            if mine is not None
-            and r.storage_id < mine
-            and r.dagster_run.status != DagsterRunStatus.CANCELED
-            and starts_step(r.dagster_run.tags, r.dagster_run.root_run_id, r.dagster_run.run_id, step)
-        ]
-        return min(earlier, key=lambda r: r.storage_id).dagster_run.run_id if earlier else None
 
     @property
     def dequeue_interval_seconds(self) -> float:  # type: ignore[override]
@@ -254,3 +228,32 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
                 description="Pool limits follow the workers alive in the registry (silent this long: dead).",
             ),
         }
+
+
+def cancel_if_duplicate(instance: DagsterInstance, run: DagsterRun) -> str | None:
+    """Cancel ``run``, unrun, when an earlier run (by storage order) starts the same step of the
+    same job and was not canceled; answers that run's id (tagged on ``run``), else None. Two
+    launches landing at once agree on which one stays."""
+    version = run.tags.get(VERSION_TAG)
+    step = run_step(run.tags)
+    if version is None or not starts_step(run.tags, run.root_run_id, run.run_id, step):
+        return None
+    records = instance.get_run_records(RunsFilter(tags={VERSION_TAG: version}))
+    mine = next((r.storage_id for r in records if r.dagster_run.run_id == run.run_id), None)
+    earlier = [
+        r
+        for r in records
+        if mine is not None
+        and r.storage_id < mine
+        and r.dagster_run.status != DagsterRunStatus.CANCELED
+        and starts_step(r.dagster_run.tags, r.dagster_run.root_run_id, r.dagster_run.run_id, step)
+    ]
+    if not earlier:
+        return None
+    original = min(earlier, key=lambda r: r.storage_id).dagster_run.run_id
+    instance.add_run_tags(run.run_id, {DUPLICATE_OF_TAG: original})
+    instance.report_run_canceled(
+        run,
+        message=f"Not run: a second submission of step {step} of version {version}; run {original} has it.",
+    )
+    return original

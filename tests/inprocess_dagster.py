@@ -65,6 +65,7 @@ from contracts.tags import (
     ROOT_RUN_ID_TAG,
     WORKER_TAG,
 )
+from orchestration.coordinator import cancel_if_duplicate
 from settings.server import ServerConfig
 from shotloom import stages
 
@@ -351,6 +352,9 @@ class InProcessDagster:
             tags={**job.run_tags, **tags},
             remote_job_origin=self._origin(sub.job_name),  # a queued run says where its code is
         )
+        original = cancel_if_duplicate(self.instance, run)  # as the run queue does on submit
+        if original is not None:
+            return original
         self.instance.report_dagster_event(
             DagsterEvent(event_type_value=DagsterEventType.RUN_ENQUEUED.value, job_name=run.job_name),
             run_id=run.run_id,
