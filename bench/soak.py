@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import httpx
@@ -358,6 +359,8 @@ def audit(load: Load, receiver: Receiver, database_url: str) -> dict[str, int]:
 
 
 def main() -> None:
+    # The SDK warns at every videos call that the hosted API it was written for has shut down.
+    warnings.filterwarnings("ignore", message="The Sora API", category=DeprecationWarning)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=200)
     p.add_argument("--pace", type=float, default=2.0, help="seconds between submissions")
