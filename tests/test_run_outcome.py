@@ -1,7 +1,8 @@
 """A run's outcome survives the storage going away around it: a run write whose connection was cut
 is tried again (a refused one is not), and a run whose ending event was stored but whose status
 write was lost (PostgreSQL stopping between Dagster's two writes) gets its status back from the
-worker that ran it, on Dagster's real (in-memory SQLite) storage."""
+worker that ran it; a run resumed after its worker died past its last step is not made again. On
+Dagster's real (SQLite) storage."""
 
 from __future__ import annotations
 
@@ -11,12 +12,21 @@ from types import SimpleNamespace
 
 import pytest
 import sqlalchemy
-from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, job, op
+from dagster import (
+    DagsterEventType,
+    DagsterInstance,
+    DagsterRunStatus,
+    in_process_executor,
+    job,
+    op,
+    reconstructable,
+)
 from dagster._core.events import DagsterEvent
 from dagster._core.events.log import EventLogEntry
+from dagster._core.execution.plan.objects import StepSuccessData
 
 from orchestration import storage
-from orchestration.worker.execute import _restore_status
+from orchestration.worker.execute import _restore_status, _resume_from_last_finished_step
 
 
 @op
@@ -29,14 +39,32 @@ def one() -> None:
     noop()
 
 
-def ended(run_id: str, kind: DagsterEventType) -> EventLogEntry:
-    event = DagsterEvent(event_type_value=kind.value, job_name="one", message="ended")
+@op(config_schema={"marker": str})
+def make(context) -> None:
+    with open(context.op_config["marker"], "a") as f:
+        f.write("made\n")
+
+
+@job(executor_def=in_process_executor)
+def last_step_only() -> None:
+    make()
+
+
+def ended(run_id: str, kind: DagsterEventType, step_key: str | None = None) -> EventLogEntry:
+    event = DagsterEvent(
+        event_type_value=kind.value,
+        job_name="one",
+        message="ended",
+        step_key=step_key,
+        event_specific_data=StepSuccessData(duration_ms=1.0) if step_key else None,
+    )
     return EventLogEntry(
         error_info=None,
         level=logging.DEBUG,
         user_message="",
         run_id=run_id,
         timestamp=time.time(),
+        step_key=step_key,
         dagster_event=event,
     )
 
@@ -100,3 +128,23 @@ def test_past_its_patience_the_lost_connection_is_raised():
     with pytest.raises(sqlalchemy.exc.OperationalError):
         storage._patiently(lambda: (_ for _ in ()).throw(cut()), 0.5, storage.lost_connection, "a write")
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("step_finished", [True, False])
+def test_a_resumed_run_whose_last_step_had_finished_is_not_made_again(tmp_path, step_finished):
+    marker = tmp_path / "made.txt"
+    (tmp_path / "home").mkdir()
+    with DagsterInstance.local_temp(str(tmp_path / "home")) as instance:
+        run = instance.create_run_for_job(
+            last_step_only,
+            run_config={"ops": {"make": {"config": {"marker": str(marker)}}}},
+            status=DagsterRunStatus.STARTED,
+        )
+        if step_finished:  # its worker died after the step, before the run's end was written
+            instance.event_log_storage.store_event(ended(run.run_id, DagsterEventType.STEP_SUCCESS, "make"))
+        worker = SimpleNamespace(instance=instance, name="media-0")
+        for _event in _resume_from_last_finished_step(worker, reconstructable(last_step_only), run):
+            pass
+        assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.SUCCESS
+        made = marker.read_text().splitlines() if marker.exists() else []
+        assert made == ([] if step_finished else ["made"])

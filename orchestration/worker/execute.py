@@ -71,9 +71,12 @@ def _resume_from_last_finished_step(worker: Worker, recon_job, run):
     """Execute a run whose worker died, from the steps that had not finished. The finished ones
     stored their outputs through the IO manager (safetensors under the run id), from which the
     remaining steps load them: conditioning and denoise are not redone when a worker dies while
-    decoding. (Dagster's ``core_execute_run`` with ``resume_from_failure`` re-runs every step of
-    an in-process executor, and reloads the run, so the subset is applied here.)"""
+    decoding; a run whose worker died after its last step only records its end (a merge or the
+    stills of a shot are not made twice). (Dagster's ``core_execute_run`` with
+    ``resume_from_failure`` re-runs every step of an in-process executor, and reloads the run, so
+    the subset is applied here.)"""
     from dagster import DagsterEventType
+    from dagster._core.events import DagsterEvent
     from dagster._core.execution.api import execute_run_iterator
 
     snapshot = worker.instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
@@ -82,15 +85,29 @@ def _resume_from_last_finished_step(worker: Worker, recon_job, run):
     records = worker.instance.get_records_for_run(run.run_id, of_type=DagsterEventType.STEP_SUCCESS).records
     succeeded = {r.event_log_entry.step_key for r in records}
     planned = run.step_keys_to_execute or [step.key for step in snapshot.steps]
-    # Kept: the leading steps (plan order) that finished and whose outputs this host can read
-    # (a run resumed on another host without shared step storage starts over).
+    read_later = {
+        h.step_key for step in snapshot.steps for i in step.inputs for h in i.upstream_output_handles
+    }
+    # Kept: the leading steps (plan order) that finished and whose outputs, where a later step
+    # reads them, this host can read (a run resumed on another host without shared step storage
+    # starts over).
     finished: list[str] = []
     for key in planned:
-        if key not in succeeded or not _outputs_here(run.run_id, key):
+        if key not in succeeded or (key in read_later and not _outputs_here(run.run_id, key)):
             break
         finished.append(key)
     remaining = planned[len(finished) :]
-    if finished and remaining:
+    if not remaining:  # its worker died after the last step, before the run's end was written
+        worker.instance.report_dagster_event(
+            DagsterEvent(
+                event_type_value=DagsterEventType.RUN_SUCCESS.value,
+                job_name=run.job_name,
+                message=f"Every step had finished ({', '.join(finished)}); nothing run again.",
+            ),
+            run_id=run.run_id,
+        )
+        return iter(())
+    if finished:
         worker.instance.report_engine_event(
             f"Resuming from the last finished step: {', '.join(sorted(finished))} kept; "
             f"running {', '.join(remaining)}",
