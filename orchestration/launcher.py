@@ -186,14 +186,22 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
                     if status.state != "idle" or status.boot_id != record.boot_id:
                         continue
                     self._tag(run, record, resume)
-                    offer = protocol.RunOffer(run_id=run.run_id, resume=resume)
+                except (WorkerError, ValidationError):
+                    continue  # dead, booting, or not a worker of ours: try the next one
+                offer = protocol.RunOffer(run_id=run.run_id, resume=resume)
+                try:
                     answer = protocol.OfferAnswer.model_validate(
                         call_worker(
                             record.url, protocol.RUNS_PATH, offer.model_dump(), timeout=self.request_timeout
                         )
                     )
                 except (WorkerError, ValidationError):
-                    continue  # dead, booting, or not a worker of ours: try the next one
+                    # The answer may be what was lost: a worker that took the run keeps it. One that
+                    # answers neither (stopped, cut off) and takes it later finds the run bound to
+                    # the next worker, and does not run it (orchestration.worker.execute).
+                    if self._took(record, run.run_id):
+                        return record
+                    continue
                 if answer.accepted:
                     return record
             # A worker that just finished may still be tidying up; the queue limit keeps this short.
@@ -202,6 +210,13 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
                     f"no idle {pool} worker registered within {self.launch_timeout}s for run {run.run_id}"
                 )
             time.sleep(0.2)
+
+    def _took(self, record: WorkerRecord, run_id: str) -> bool:
+        try:
+            status = worker_status(record.url, timeout=self.request_timeout)
+        except WorkerError:
+            return False
+        return status.boot_id == record.boot_id and run_id in (status.run_id, status.pending_run_id)
 
     def _tag(self, run: DagsterRun, record: WorkerRecord, resume: bool) -> None:
         run_state.record(

@@ -50,6 +50,7 @@ from orchestration.registry import WorkerRecord, WorkerRegistry
 from settings.server import ServerConfig
 from shotloom import stages
 
+from api_stack import wait_for
 from conftest import (
     LOCATION,
     Stack,
@@ -438,6 +439,40 @@ def test_a_jobs_step_submitted_twice_runs_once_and_both_answers_name_the_same_ru
     for run in duplicates:  # canceled before the queue, never given to a worker
         assert run.status == DagsterRunStatus.CANCELED and run.tags[DUPLICATE_OF_TAG] == first
         assert WORKER_TAG not in run.tags
+
+
+@pytest.mark.slow
+def test_an_offer_answered_after_the_run_went_to_another_worker_is_not_run(stack):
+    """The launcher binds a run to a worker, then offers it; a worker that answers too late (it was
+    stopped, or cut off) finds the run bound to another and leaves it alone."""
+    import httpx
+
+    from contracts.worker import RUNS_PATH
+    from orchestration.launcher import worker_auth_headers
+    from orchestration.queue_control import QueueControl
+
+    control = QueueControl(stack.state)
+    control.pause("test")  # the run stays queued: nobody but this test offers it
+    try:
+        run_id = stack.submit("late-offer")
+        wait_for(lambda: stack.client.get_run_status(run_id) == DagsterRunStatus.QUEUED, 30, "queued")
+        workers = {r.name: r for r in read_workers(stack.state, "device")}
+        late, bound = workers["cpu-0"], workers["cpu-1"]
+        with stack.instance() as instance:  # as the launcher bound it to cpu-1 after giving up on cpu-0
+            instance.add_run_tags(run_id, {WORKER_TAG: bound.name, BOOT_TAG: bound.boot_id})
+        offer = {"run_id": run_id, "resume": False}
+        answer = httpx.post(late.url + RUNS_PATH, json=offer, headers=worker_auth_headers())
+        assert answer.status_code == 202 and answer.json()["accepted"], answer.text
+        wait_for(lambda: "not run here" in stack.log("worker-cpu-0"), 30, "the late offer refused")
+        wait_for(lambda: stack.workers()["cpu-0"]["state"] == "idle", 30, "cpu-0 idle")
+        with stack.instance() as instance:
+            run = instance.get_run_by_id(run_id)
+            assert run.status == DagsterRunStatus.QUEUED  # untouched: nothing of cpu-0's written
+            assert run.tags[WORKER_TAG] == bound.name and LOADS_TAG not in run.tags
+            assert not instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_START).records
+    finally:
+        control.resume()
+    assert stack.wait([run_id], timeout=120) == [DagsterRunStatus.SUCCESS]  # then as usual
 
 
 @pytest.mark.slow

@@ -31,12 +31,23 @@ def execute(worker: Worker, run_id: str, resume: bool) -> None:
     from dagster._utils.hosted_user_process import recon_job_from_origin
     from dagster._utils.interrupts import capture_interrupts
 
+    from contracts.tags import BOOT_TAG, WORKER_TAG
+
     with worker.lock:
         worker.run_id, worker.pending_run_id = run_id, None
     started = time.perf_counter()
+    ours = True
     try:
         run = worker.instance.get_run_by_id(run_id)
         if run is None or run.is_finished:
+            return
+        owner = (run.tags.get(WORKER_TAG), run.tags.get(BOOT_TAG))
+        if owner != (worker.name, worker.boot_id):
+            # Bound to this worker before every offer (launcher, recovery): an offer answered late
+            # (this worker was stopped or cut off while the launcher gave up on it and bound the
+            # run to another) is not run, and nothing of this worker's is written on it.
+            ours = False
+            log.warning("%s: run %s is bound to %s (boot %s), not run here", worker.name, run_id, *owner)
             return
         if run.status == DagsterRunStatus.CANCELING:
             worker.instance.report_run_canceled(run, "Canceled before the device worker started it.")
@@ -63,7 +74,7 @@ def execute(worker: Worker, run_id: str, resume: bool) -> None:
         log.exception("%s: run %s raised", worker.name, run_id)
         _fail_unfinished(worker, run_id, f"Device worker {worker.name} could not run it: {exc!r}")
     finally:
-        _after_run(worker, run_id)
+        _after_run(worker, run_id, ours)
         log.info("%s: run %s done in %.2fs", worker.name, run_id, time.perf_counter() - started)
 
 
@@ -153,7 +164,22 @@ def _restore_status(worker: Worker, run: DagsterRun) -> DagsterRun | None:
     return worker.instance.get_run_by_id(run_id)
 
 
-def _after_run(worker: Worker, run_id: str) -> None:
+def _after_run(worker: Worker, run_id: str, ours: bool = True) -> None:
+    """The worker idle again; for a run it ran (``ours``), its end recorded first."""
+    if ours:
+        _record_end(worker, run_id)
+    with worker.lock:
+        worker.run_id = None
+        if ours:
+            worker.finished.append(run_id)
+            worker.runs_done += 1
+        worker.state = "stopping" if worker.stopping else "idle"
+    if ours and worker.api_url:
+        threading.Thread(target=tell_api, args=(worker, run_id), daemon=True).start()
+
+
+def _record_end(worker: Worker, run_id: str) -> None:
+    """Its status (restored if lost), its final stage, the weight loads, the runtimes' clocks."""
     from dagster import DagsterRunStatus
 
     from contracts import events
@@ -182,13 +208,6 @@ def _after_run(worker: Worker, run_id: str) -> None:
             rt.after_run()  # idle clock, measured CUDA peak
     except Exception:
         log.exception("%s: could not finish bookkeeping for %s", worker.name, run_id)
-    with worker.lock:
-        worker.run_id = None
-        worker.finished.append(run_id)
-        worker.runs_done += 1
-        worker.state = "stopping" if worker.stopping else "idle"
-    if worker.api_url:
-        threading.Thread(target=tell_api, args=(worker, run_id), daemon=True).start()
 
 
 def tell_api(worker: Worker, run_id: str) -> None:
