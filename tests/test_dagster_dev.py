@@ -71,7 +71,9 @@ def dagster_dev(tmp_path, wan_config):
             time.sleep(1)
         yield port, tmp_path
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        # Ctrl+C, as an operator stops it: dagster dev then stops its children and exits (on
+        # SIGTERM to the group it waited out the whole 30 s).
+        os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
