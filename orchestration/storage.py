@@ -168,8 +168,21 @@ def wait_out_postgres_outages(patience_s: float, gate: Callable[[], None] | None
 # mid-statement: its writes, and the reads its ops and Dagster's step execution make (reads are
 # safe to repeat).
 _RUN_CALLS = {
-    "event_log_storage": ("store_event", "get_records_for_run"),
-    "run_storage": ("add_run_tags", "handle_run_event", "get_run_records", "get_runs"),
+    "event_log_storage": (
+        "store_event",
+        "get_records_for_run",
+        # the asset partitions ops register (a shot's partition; adding is idempotent)
+        "has_dynamic_partition",
+        "get_dynamic_partitions",
+        "add_dynamic_partitions",
+    ),
+    "run_storage": (
+        "add_run_tags",
+        "handle_run_event",
+        "get_run_records",
+        "get_runs",
+        "get_execution_plan_snapshot",
+    ),
 }
 
 
