@@ -31,7 +31,8 @@ The service is stopped with SIGTERM to its process group (SIGKILL after 60 s), a
 With ``--baseline REV`` the same measurement first runs on git revision REV (its own
 ``bench/api.py``, in a temporary worktree, the service started from that tree), then on this tree,
 in one run on one host: the RESULT line then also carries REV's figures as ``baseline_*`` (e.g.
-``--baseline c6a853b^``, the tree before the store-invalidated view caches).
+``--baseline 5ccdd20``, the last tree that runs before the store-invalidated view caches: the
+commits between import a protocol committed after them).
 
     python bench/api.py [--requests 60] [--pollers 50] [--seconds 10] [--burst 100] [--merges 5] [--keep]
                         [--baseline REV]

@@ -80,6 +80,11 @@ def run_step(tags: Mapping[str, str]) -> int:
     return int(tags.get(STEP_TAG) or 0)
 
 
+def run_owner(tags: Mapping[str, str]) -> tuple[str, str]:
+    """The worker a run is bound to: its name and boot id ("" where unbound)."""
+    return tags.get(WORKER_TAG, ""), tags.get(BOOT_TAG, "")
+
+
 def starts_step(tags: Mapping[str, str], root_run_id: str | None, run_id: str, step: int) -> bool:
     """A run submitted to start its job's ``step`` (not a retry of it, not a duplicate)."""
     return (

@@ -47,6 +47,11 @@ class WorkerStatus(_Answer):
     run_id: str | None = None
     pending_run_id: str | None = None  # offered and accepted, not started yet
     finished_run_ids: list[str] = Field(default_factory=list)  # recent ones, for run monitoring
+
+    def holds(self, run_id: str) -> bool:
+        """Running ``run_id``, or accepted it and about to."""
+        return run_id in (self.run_id, self.pending_run_id)
+
     runs_done: int = 0
     admission_plan: dict[str, Any] | None = None
     dit_residency: dict[str, Any] | None = None

@@ -240,11 +240,12 @@ def cancel_if_duplicate(instance: DagsterInstance, run: DagsterRun) -> str | Non
         return None
     records = instance.get_run_records(RunsFilter(tags={VERSION_TAG: version}))
     mine = next((r.storage_id for r in records if r.dagster_run.run_id == run.run_id), None)
+    if mine is None:
+        return None
     earlier = [
         r
         for r in records
-        if mine is not None
-        and r.storage_id < mine
+        if r.storage_id < mine
         and r.dagster_run.status != DagsterRunStatus.CANCELED
         and starts_step(r.dagster_run.tags, r.dagster_run.root_run_id, r.dagster_run.run_id, step)
     ]

@@ -216,7 +216,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             status = worker_status(record.url, timeout=self.request_timeout)
         except WorkerError:
             return False
-        return status.boot_id == record.boot_id and run_id in (status.run_id, status.pending_run_id)
+        return status.boot_id == record.boot_id and status.holds(run_id)
 
     def _tag(self, run: DagsterRun, record: WorkerRecord, resume: bool) -> None:
         run_state.record(
@@ -315,7 +315,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             return CheckRunHealthResult(WorkerStatus.RUNNING, str(exc), transient=True, run_worker_id=name)
         if status.boot_id != boot_id:
             return CheckRunHealthResult(WorkerStatus.FAILED, f"worker {name} restarted", run_worker_id=name)
-        if run.run_id in (status.run_id, status.pending_run_id):
+        if status.holds(run.run_id):
             return CheckRunHealthResult(WorkerStatus.RUNNING, run_worker_id=name)
         if run.run_id in status.finished_run_ids:
             return CheckRunHealthResult(WorkerStatus.SUCCESS, run_worker_id=name)

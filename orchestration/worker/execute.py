@@ -31,7 +31,7 @@ def execute(worker: Worker, run_id: str, resume: bool) -> None:
     from dagster._utils.hosted_user_process import recon_job_from_origin
     from dagster._utils.interrupts import capture_interrupts
 
-    from contracts.tags import BOOT_TAG, WORKER_TAG
+    from contracts.tags import run_owner
 
     with worker.lock:
         worker.run_id, worker.pending_run_id = run_id, None
@@ -41,7 +41,7 @@ def execute(worker: Worker, run_id: str, resume: bool) -> None:
         run = worker.instance.get_run_by_id(run_id)
         if run is None or run.is_finished:
             return
-        owner = (run.tags.get(WORKER_TAG), run.tags.get(BOOT_TAG))
+        owner = run_owner(run.tags)
         if owner != (worker.name, worker.boot_id):
             # Bound to this worker before every offer (launcher, recovery): an offer answered late
             # (this worker was stopped or cut off while the launcher gave up on it and bound the

@@ -66,9 +66,7 @@ class Fence:
             os._exit(FENCED_EXIT)
 
     def _owner(self, run_id: str) -> tuple[str, str] | None:
-        from contracts.tags import BOOT_TAG, WORKER_TAG
+        from contracts.tags import run_owner
 
         run = self.worker.instance.get_run_by_id(run_id)
-        if run is None:
-            return None
-        return run.tags.get(WORKER_TAG, ""), run.tags.get(BOOT_TAG, "")
+        return None if run is None else run_owner(run.tags)
