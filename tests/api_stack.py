@@ -21,14 +21,29 @@ from conftest import free_port, kill_tree, spawn_server, stop_server, write_infe
 FINISHED = ("succeeded", "failed")
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.3) -> Any:
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    interval: float = 0.3,
+    explain: Callable[[], str] | None = None,
+) -> Any:
+    """``predicate``'s first truthy value; on a timeout, an AssertionError saying what it waited
+    for and, where given, ``explain()``: the facts that say why (on a slower CI machine, the only
+    way to learn it)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            facts = ""
+            if explain is not None:
+                try:
+                    facts = "\n" + explain()
+                except Exception as exc:  # the facts are a courtesy: never hide the timeout
+                    facts = f"\n(could not gather the facts: {exc!r})"
+            raise AssertionError(f"timed out waiting for {what}{facts}")
         time.sleep(interval)
 
 

@@ -27,6 +27,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.fixture
 def dagster_dev(tmp_path, wan_config):
     port = free_port()
@@ -58,6 +63,9 @@ def dagster_dev(tmp_path, wan_config):
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        # Ctrl+C must reach it: a child inherits an ignored or blocked SIGINT, and a test earlier in
+        # the same pytest process may have left it so (dagster dev then waited out the 30 s).
+        preexec_fn=_default_sigint,
     )
     try:
         deadline = time.monotonic() + 120

@@ -65,21 +65,38 @@ def submit(stack, shot_id: str, **changes) -> str:
     return resp.json()["version_id"]
 
 
-def wait_for_group_busy(stack, timeout: float = 120) -> dict:
-    """The group's status once it is on a run; on a timeout, what both workers were doing (their
-    status and the end of their logs), so a failure on a slower machine says why."""
+def wait_for_group_busy(stack, versions: list[str], timeout: float = 120) -> dict:
+    """The group's status once it is on a run; on a timeout, what both workers and the submitted
+    jobs were doing, then the log lines about those jobs' runs (on a slower machine, the only
+    way to learn why)."""
 
     def group_busy():
         status = worker_status(stack, GROUP)
         return status if status["state"] == "busy" and status["run_id"] else None
 
-    try:
-        return wait_for(group_busy, timeout, "the group to take a run", interval=0.1)
-    except AssertionError as exc:
-        logs = Path(stack.state) / "logs"
-        facts = [f"{name}: {worker_status(stack, name)}" for name in (GROUP, SINGLE)]
-        facts += [f"--- {p.name}\n" + "\n".join(p.read_text().splitlines()[-40:]) for p in logs.glob("*.log")]
-        raise AssertionError(f"{exc}\n" + "\n".join(facts)) from None
+    def explain() -> str:
+        keys = ("state", "boot_id", "run_id", "pending_run_id", "runs_done", "group")
+        facts = [f"{n}: { {k: worker_status(stack, n).get(k) for k in keys} }" for n in (GROUP, SINGLE)]
+        # What the launcher goes by: each record's boot id and the age of its heartbeat.
+        facts += [
+            f"record {r.name}: boot {r.boot_id} beat {time.time() - r.heartbeat:.1f} s ago"
+            for r in read_workers(stack.state, "device")
+        ]
+        runs = []
+        for v in versions:
+            body = stack.get(f"/version/{v}").json()
+            facts.append(f"job {v}: {body.get('status')}/{body.get('stage')} run={body.get('run_id')}")
+            for r in stack.runs_of(v):
+                facts.append(f"  run {r.run_id} {r.job_name} {r.status} on {r.tags.get(WORKER_TAG)}")
+                runs.append(r.run_id)
+        for path in sorted((Path(stack.state) / "logs").glob("*.log")):
+            lines = path.read_text(errors="replace").splitlines()
+            needles = [*runs, "ERROR", "heartbeat", "Traceback"]
+            hits = [x[:300] for x in lines if any(n in x for n in needles) and "denoise step" not in x]
+            facts += [f"--- {path.name}", *hits[-12:], *lines[-3:]]
+        return "\n".join(facts)
+
+    return wait_for(group_busy, timeout, "the group to take a run", interval=0.1, explain=explain)
 
 
 def video_sha(done: dict) -> str:
@@ -116,7 +133,7 @@ def test_kill_9_of_a_rank_restarts_the_group_and_the_run_resumes(stack):
     slow = {"num_inference_steps": 60, "num_frames": 33}
     versions = [submit(stack, f"long{i}", **slow) for i in range(2)]
 
-    busy = wait_for_group_busy(stack)
+    busy = wait_for_group_busy(stack, versions)
     time.sleep(0.5)  # into the denoise
     os.kill(busy["group"]["follower_pids"][0], signal.SIGKILL)
 
@@ -142,7 +159,7 @@ def test_a_run_cancelled_mid_denoise_stops_every_rank_and_the_group_goes_on(stac
     before = worker_status(stack, GROUP)
     versions = [submit(stack, f"cancel{i}", num_inference_steps=60, num_frames=33) for i in range(2)]
 
-    run_id = wait_for_group_busy(stack)["run_id"]
+    run_id = wait_for_group_busy(stack, versions)["run_id"]
     time.sleep(0.5)
     assert stack.gateway().terminate(run_id)
     victim = next(v for v in versions if run_id in {r.run_id for r in stack.runs_of(v)})
@@ -165,7 +182,7 @@ def test_kill_9_of_rank_0_takes_its_ranks_down_and_the_group_comes_back(stack):
     # Two jobs: each worker takes one.
     versions = [submit(stack, f"rank0-{i}", num_inference_steps=60, num_frames=33) for i in range(2)]
 
-    wait_for_group_busy(stack)
+    wait_for_group_busy(stack, versions)
     os.kill(before["pid"], signal.SIGKILL)
 
     # Its ranks die with it (no orphan holds a device or waits in a collective) ...

@@ -102,6 +102,16 @@ class Host:
         paths = [self.state / "server.out", *(self.state / "logs").glob("*.log")]
         return any(text in path.read_text(errors="replace") for path in paths if path.exists())
 
+    def mentions(self, needles: list[str], last: int = 12) -> str:
+        """The last lines of each of the host's logs that contain any of ``needles``."""
+        out = []
+        for path in [self.state / "server.out", *sorted((self.state / "logs").glob("*.log"))]:
+            if path.exists():
+                hits = [line[:300] for line in path.read_text(errors="replace").splitlines()
+                        if any(n in line for n in needles)]  # fmt: skip
+                out += [f"--- {self.root.name}/{path.name}", *hits[-last:]]
+        return "\n".join(out)
+
     def log(self, name: str | None = None) -> str:
         path = self.state / "logs" / f"{name}.log" if name else self.state / "server.out"
         return path.read_text(errors="replace")[-5000:] if path.exists() else f"(no {path})"
@@ -289,7 +299,19 @@ def test_two_worker_hosts_share_the_queue_and_survive_a_cut_off_host_and_the_dat
             bodies = [client.get(f"/version/{v}").json() for v in versions]
             return bodies if all(b["status"] in ("succeeded", "failed") for b in bodies) else None
 
-        done = wait_for(finished, 300, "every job to finish", interval=1)
+        def unfinished() -> str:
+            """The jobs still going (status, stage, worker, run), then what the logs say of them."""
+            bodies = [client.get(f"/version/{v}").json() for v in versions]
+            going = [b for b in bodies if b.get("status") not in ("succeeded", "failed")]
+            lines = [
+                f"{b.get('version_id')} {b.get('status')}/{b.get('stage')} "
+                f"worker={(b.get('worker') or {}).get('name')} run={b.get('run_id')}"
+                for b in going
+            ]
+            runs = [b["run_id"] for b in going if b.get("run_id")]
+            return "\n".join(lines + [h.mentions(runs + ["ERROR", "Traceback"]) for h in hosts])
+
+        done = wait_for(finished, 300, "every job to finish", interval=1, explain=unfinished)
         statuses = [b["status"] for b in done]
         assert statuses == ["succeeded"] * (JOBS + 1), [(b["status"], b["error"]) for b in done]
         wait_for(lambda: len(receiver.delivered) >= JOBS + 1, 60, "every callback")

@@ -117,6 +117,16 @@ def wait_status(stack: ApiStack, vid: str, statuses: tuple[str, ...], timeout: f
     return wait_for(reached, timeout, f"{vid} in {statuses}", interval=0.3)
 
 
+def wait_queue_drained(client: openai.OpenAI, timeout: float = 120) -> None:
+    """Until no video the earlier tests left is queued or in progress (a test that times its own
+    job must not wait behind theirs, on a slow machine)."""
+
+    def drained():
+        return not any(v.status in ("queued", "in_progress") for v in client.videos.list(limit=100))
+
+    wait_for(drained, timeout, "the earlier videos to finish", interval=0.3)
+
+
 def test_models_list_and_retrieve(client):
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL, "anime", "noir", "draft"]  # the model, then its adapters
@@ -338,7 +348,8 @@ def test_unknown_video_and_unfinished_content(client, stack):
     assert info.value.body["code"] == "not_ready"
 
 
-def test_sync_returns_the_mp4_and_keeps_no_copy(stack, tmp_path):
+def test_sync_returns_the_mp4_and_keeps_no_copy(client, stack, tmp_path):
+    wait_queue_drained(client)  # the stack's sync wait is 10 s: for this job alone
     resp = stack.client.post(
         stack.base + "/v1/videos/sync",
         json={"prompt": "sync clip", "size": "64x64", "seconds": "1", "seed": 3},
