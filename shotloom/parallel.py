@@ -111,11 +111,12 @@ def init_group(
     return device
 
 
-def close_group(settle_s: float = 10.0) -> None:
+def close_group(settle_s: float = 10.0, meet: bool = True) -> None:
     """Leave the group (NCCL warns at exit otherwise). On gloo the ranks first meet at a barrier
     bounded by ``settle_s``: a rank that tears its pairs down while a peer still reads from them
     makes gloo abort that peer (SIGABRT) instead of letting it leave; a peer that never comes (it
-    died) only costs the bound."""
+    died) only costs the bound. ``meet=False``: no barrier (the peers are out of step, waiting in
+    a collective of their own: none would come)."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -123,7 +124,7 @@ def close_group(settle_s: float = 10.0) -> None:
     _GROUP.clear()
     if not dist.is_initialized():
         return
-    if dist.get_backend() == "gloo" and dist.get_world_size() > 1:
+    if meet and dist.get_backend() == "gloo" and dist.get_world_size() > 1:
         try:
             dist.monitored_barrier(timeout=timedelta(seconds=settle_s))
         except RuntimeError:
@@ -357,6 +358,7 @@ class RankGroup:
         self.device: str | None = None
         # What the owner does when a rank is gone (a worker: exit, so the group restarts whole).
         self.on_lost = on_lost
+        self._out_of_step = False  # reported lost: the followers cannot meet rank 0 any more
 
     def lost(self, grace_s: float = 3.0) -> bool:
         """After a failed denoise: whether a rank died (waiting ``grace_s`` for its exit to show,
@@ -366,9 +368,14 @@ class RankGroup:
         deadline = time.monotonic() + grace_s
         while not (dead := self.dead()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if dead and self.on_lost is not None:
-            self.on_lost(dead)
+        if dead:
+            self._report_lost(dead)
         return bool(dead)
+
+    def _report_lost(self, dead: list[int]) -> None:
+        self._out_of_step = True
+        if self.on_lost is not None:
+            self.on_lost(dead)
 
     @contextmanager
     def denoising(self, progress: Progress | None) -> Iterator[Progress]:
@@ -384,8 +391,8 @@ class RankGroup:
                 raise
             # Rank 0 left on its own (its own error, a rank that died, a failed collective): the
             # others wait in a collective of this denoise, so the group restarts whole.
-            if not self.lost() and self.on_lost is not None:
-                self.on_lost([])
+            if not self.lost():
+                self._report_lost([])
             raise
 
     @property
@@ -428,6 +435,13 @@ class RankGroup:
             pipe.send(message)
 
     def close(self) -> None:
+        if self._out_of_step:  # they wait in a collective: neither "stop" nor the barrier reaches them
+            for proc in self._procs:
+                proc.kill()
+            close_group(meet=False)
+            for proc in self._procs:
+                proc.join(timeout=5)
+            return
         for pipe in self._pipes:
             try:
                 pipe.send(("stop",))
