@@ -285,7 +285,7 @@ def test_previous_release_state_upgrades_in_place(db_url):
 def test_fresh_store_is_at_head_and_matches_the_models(db_url):
     store = Store(db_url)
     try:
-        assert _revisions(store) == (migrations.head(),) == ("0005_change_counters",)
+        assert _revisions(store) == (migrations.head(),) == ("0006_change_sequence",)
         assert _schema_diffs(store) == []
         job = store.accept(NewJob(kind="merge", work_id="w", request={}, payload_hash="h")).job
         assert (job.dialect, job.submitter, job.cancel_requested_at) == ("r2v", None, None)
@@ -332,6 +332,37 @@ def test_a_state_at_the_previous_revision_upgrades_with_its_jobs_counted(db_url)
         assert store.changes(VID) == (2, 1)
     finally:
         store.close()
+
+
+def test_a_state_at_0005_upgrades_and_its_jobs_views_follow_the_change_sequence(db_url):
+    """The release before 0006_change_sequence numbered no change: after the upgrade, a view cached
+    of one of its jobs (its counter read alone, the first time) follows writes by their sequence
+    number, and a deleted job's row stays as a tombstone that the views see."""
+    from api.core.views import JobViews
+
+    _write_previous_release(db_url)
+    old = Store(db_url, create=False)
+    try:
+        with old.engine.begin() as conn:
+            cfg = migrations.alembic_config(conn)
+            command.stamp(cfg, migrations.BASELINE)
+            command.upgrade(cfg, "0005_change_counters")
+    finally:
+        old.close()
+    store, reader = Store(db_url), Store(db_url)
+    try:
+        assert _revisions(store) == (migrations.head(),)
+        _assert_previous_rows_intact(store)
+        assert _schema_diffs(store) == []
+        views = JobViews(reader, lambda job, _artifacts, _position: (job.status, job.stage))
+        assert views.get(VID) == ("succeeded", "done")
+        store.update_status(VID, stage="kept")
+        assert views.get(VID) == ("succeeded", "kept")
+        store.delete_job(VID)
+        assert views.get(VID) is None and store.changes(VID)[0] is None
+    finally:
+        store.close()
+        reader.close()
 
 
 def test_concurrent_starts_on_a_previous_release_state_migrate_once(db_url):

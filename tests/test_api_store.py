@@ -564,10 +564,11 @@ def test_every_write_to_a_job_or_its_artifacts_bumps_its_change_counter_only(sto
     assert store.changes(v)[0] is None
 
 
-def test_a_turn_of_the_event_loop_looks_for_commits_once(tmp_path):
-    """The cached bodies one turn of the event loop answers share one look at whether anything was
-    committed (SQLite's data_version) and read no counter while nothing was; a write through another
-    store is in the next turn's bodies (their requests arrived after it)."""
+def test_a_turn_of_the_event_loop_looks_at_the_database_once(tmp_path):
+    """The cached bodies one turn of the event loop answers share one look at what moved since the
+    last turn (the change sequence) and read no counter of a job seen before; a write through
+    another store is in the next turn's bodies (their requests arrived after it), still without a
+    read per job."""
     import asyncio
     import json
 
@@ -579,21 +580,26 @@ def test_a_turn_of_the_event_loop_looks_for_commits_once(tmp_path):
         ids = [writer.accept(_job(shot_id=f"s{i}")).version_id for i in range(2)]
         views = version_views(reader, "http://api", 100)
         looks: list[str] = []
-        commit_mark, changes = reader.commit_mark, reader.changes
-        reader.commit_mark = lambda: looks.append("mark") or commit_mark()
+        since, changes = reader.changes_since, reader.changes
+        reader.changes_since = lambda seq: looks.append("since") or since(seq)
         reader.changes = lambda v: looks.append(v) or changes(v)
 
         async def turns() -> None:
             first = [views.get(v) for v in ids]
-            assert looks == ["mark", *ids]
+            assert looks == ["since", *ids]  # first seen: each job's counter read alone
             await asyncio.sleep(0)
             looks.clear()
-            assert [views.get(v) for v in ids] == first and looks == ["mark"]
+            assert [views.get(v) for v in ids] == first and looks == ["since"]
             writer.update_status(ids[0], live={"progress": {"done": 1}})
             await asyncio.sleep(0)
             looks.clear()
             assert json.loads(views.get(ids[0]))["progress"] == {"done": 1}
-            assert views.get(ids[1]) is first[1] and looks == ["mark", *ids]
+            assert views.get(ids[1]) is first[1] and looks == ["since"]
+            writer.set_priority(ids[1], 5)  # the queue's order moves: both positions change
+            await asyncio.sleep(0)
+            looks.clear()
+            assert [json.loads(views.get(v))["queue_position"] for v in ids] == [2, 1]
+            assert looks == ["since"]
 
         asyncio.run(turns())
     finally:

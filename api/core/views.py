@@ -6,12 +6,16 @@ job row and artifacts (the version's change counter says when those changed), on
 position while queued (the queues' counter says when any job entered or left a queue or moved in
 it) and, for fields that move with the clock (an ETA, an expiry), on time: ``max_age`` bounds how
 long a rendered view stays good. The counters live in the database (:mod:`api.store.changes`),
-bumped by every write whichever process makes it, and a ``get`` reads them (one indexed query),
-so a view cached here is never older than the last write another API process or a schedule made.
-Where the store can tell cheaply whether anything was committed at all (SQLite's commit mark), a
-turn of the event loop asks it once for every request it answers, and reads counters only after
-a commit: the answers of a turn are to requests that arrived before it began, so each still
-shows every write committed before its request.
+bumped by every write whichever process makes it, so a view cached here is never older than the
+last write another API process or a schedule made.
+
+The counters of the jobs cached here are kept in memory and brought up to date once a turn of the
+event loop, by one indexed query for what moved since the last look (the change sequence; usually
+nothing, a few rows after a commit). The answers of a turn are to requests that arrived before it
+began, so each still shows every write committed before its request, and a turn's many requests
+cost the database one look, not one each (measured: a look after another process's commit costs
+SQLite several times a look before it, so one per request was a quarter of the pollers' CPU). A
+job seen for the first time has its counter read alone.
 Positions come from one query per queue change for all queues at once, so a job leaving the queue
 does not send every queued poller to the database. :class:`JobViews` runs on the event loop only:
 no locks.
@@ -23,7 +27,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from api.store import ArtifactRecord, JobRecord, Store, StoreUnavailable
@@ -49,9 +53,11 @@ class _Read:
 class _Rendered(Generic[T]):
     stamp: int
     queue_generation: int | None  # None: the view shows no queue position
-    commits: int | None  # the store's commit mark it is known current at (None: none known)
     fresh_until: float  # time.monotonic() past which it is rendered again
     value: T | None
+
+
+_UNSEEN = -1  # a job whose counter this process has not read yet (counters start at 1)
 
 
 class JobViews(Generic[T]):
@@ -66,7 +72,11 @@ class JobViews(Generic[T]):
         self._reads: dict[str, _Read] = {}
         self._rendered: dict[str, _Rendered[T]] = {}
         self._positions: tuple[int, dict[str, int]] = (-1, {})
-        self._turn_commits: tuple[int | None] | None = None  # this loop turn's commit mark, once read
+        # The counters of the jobs seen here (None: deleted), current as of change number _seq.
+        self._stamps: dict[str, int | None] = {}
+        self._queue_generation = -1
+        self._seq: int | None = None  # None: not looked yet
+        self._synced_this_turn = False
 
     def get(self, version_id: str) -> T | None:
         """The job's view; None for an unknown version (or one ``render`` does not show). While the
@@ -80,29 +90,25 @@ class JobViews(Generic[T]):
             return cached.value
 
     def _get(self, version_id: str) -> T | None:
-        # The commit mark, then the counters are read before the data: a write in between leaves
+        # The counters are brought up to date before the data is read: a write in between leaves
         # a stale stamp on a fresh view, which only costs one more render.
-        commits = self._commits()
-        now = time.monotonic()
-        cached = self._rendered.get(version_id)
-        if (
-            cached is not None
-            and commits is not None
-            and cached.commits == commits
-            and now < cached.fresh_until
-        ):
-            return cached.value  # nothing was committed since it was known current
-        stamp, queue_generation = self.store.changes(version_id)
-        if stamp is None:  # no such version (or one no counter covers): nothing to cache
+        self._sync()
+        stamp = self._stamps.get(version_id, _UNSEEN)
+        if stamp == _UNSEEN:
+            stamp, queue_generation = self.store.changes(version_id)
+            self._queue_generation = max(self._queue_generation, queue_generation)
+            if stamp is not None:
+                self._remember(self._stamps, version_id, stamp)
+        if stamp is None:  # no such version, or deleted: nothing to cache
             return self._uncached(version_id)
+        now, queue_generation = time.monotonic(), self._queue_generation
+        cached = self._rendered.get(version_id)
         if (
             cached is not None
             and cached.stamp == stamp
             and cached.queue_generation in (None, queue_generation)
             and now < cached.fresh_until
         ):
-            if commits is not None:
-                self._rendered[version_id] = replace(cached, commits=commits)
             return cached.value
         read = self._reads.get(version_id)
         if read is None or read.stamp != stamp:
@@ -121,30 +127,35 @@ class JobViews(Generic[T]):
         rendered = _Rendered(
             stamp,
             queue_generation if position is not None else None,
-            commits,
             now + age if age is not None else math.inf,
             value,
         )
         self._remember(self._rendered, version_id, rendered)
         return value
 
-    def _commits(self) -> int | None:
-        """The store's commit mark (None: it has none), read once a turn of the event loop."""
-        if self._turn_commits is not None:
-            return self._turn_commits[0]
-        commits = self.store.commit_mark()
+    def _sync(self) -> None:
+        """Bring the counters of the jobs seen here up to date: once a turn of the event loop (at
+        every call off a loop)."""
+        if self._synced_this_turn:
+            return
+        moved = self.store.changes_since(self._seq)
+        for version_id, counter in moved.versions.items():
+            if version_id in self._stamps:
+                self._stamps[version_id] = counter
+        if moved.queue is not None:
+            self._queue_generation = max(self._queue_generation, moved.queue)
+        self._seq = moved.seq
         try:
             loop = asyncio.get_running_loop()
-        except RuntimeError:  # not on an event loop (a test, a script): read at every call
-            return commits
+        except RuntimeError:  # not on an event loop (a test, a script): look at every call
+            return
         # Forgotten before the next turn answers anything: callbacks run in the order scheduled,
         # and the requests that turn reads from its sockets run after this one.
-        self._turn_commits = (commits,)
+        self._synced_this_turn = True
         loop.call_soon(self._end_turn)
-        return commits
 
     def _end_turn(self) -> None:
-        self._turn_commits = None
+        self._synced_this_turn = False
 
     def _uncached(self, version_id: str) -> T | None:
         """The view from one consistent read of the job, its position and artifacts."""

@@ -5,17 +5,24 @@ per job. Every write transaction bumps, in the same transaction, the counter of 
 whose row or artifacts it changed (table ``changes``, one row a version) and, when it changed which
 jobs are queued or their order, the queue's counter (subject :data:`QUEUE`). Any process that writes
 the store (a second API process, a Dagster schedule, an operator's script) so invalidates every
-process's cached views; a reader compares the two counters it reads in one indexed query with the
-ones its cached view was made under. A version's row is made with its job (counter 1) and goes with
-it; version ids are uuid4 hex, never reused, so one id's counter never repeats.
+process's cached views. A version's row is made with its job (counter 1); when the job is deleted
+it stays as a tombstone (counter 0); version ids are uuid4 hex, never reused.
+
+Each such write first takes the next number of a sequence (subject :data:`SEQ`, its counter the
+latest number) and stamps every row it moves with it. The row lock on the sequence is held to the
+commit, so the numbers become visible in order: a reader that saw every change up to number n
+learns all later ones from one indexed query (``seq > n``), however many jobs it caches; the
+pollers so read the database once per commit, not once per request (:class:`ChangeReader.since`).
+A reader meeting a job for the first time reads its counter alone (:class:`ChangeReader.read`).
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, insert, inspect, update
+from sqlalchemy import insert, inspect, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import SingletonThreadPool
@@ -23,6 +30,7 @@ from sqlalchemy.pool import SingletonThreadPool
 from api.store.tables import Artifact, Change, Job
 
 QUEUE = ":queue"  # the queues' subject (no version id has a colon)
+SEQ = ":seq"  # the sequence's subject: its counter is the number the last write took
 
 _CHANGES = Change.__table__
 # What a write session noted in its info (note_changes) for count_changes.
@@ -32,6 +40,15 @@ _DELETED, _QUEUE_CHANGED = "shotloom_deleted_versions", "shotloom_queue_changed"
 
 # (the version's counter, the queues'); the version's is None for no such version (unknown, deleted)
 Changes = tuple[int | None, int]
+
+
+@dataclass(frozen=True)
+class ChangesSince:
+    """What moved after a sequence number: ``seq`` covers it all (the next look starts there)."""
+
+    seq: int
+    versions: dict[str, int | None]  # version id -> its counter now (None: deleted)
+    queue: int | None  # the queues' counter, if it moved
 
 
 def note_changes(session: Session, _flush_context: Any) -> None:
@@ -58,29 +75,39 @@ def note_changes(session: Session, _flush_context: Any) -> None:
 
 def count_changes(session: Session) -> None:
     """Bump the counters of what this write changed (see :func:`note_changes`), in its transaction,
-    after its last flush. The queue's row last: writers take the row locks in one order."""
+    after its last flush, stamped with the sequence's next number. The sequence's row first, the
+    queue's last: writers take the row locks in one order."""
     info = session.info
     created, deleted = info.pop(_CREATED, set()), info.pop(_DELETED, set())
     touched = info.pop(_TOUCHED, set()) - created - deleted
-    if deleted:
-        session.execute(delete(_CHANGES).where(_CHANGES.c.subject.in_(sorted(deleted))))
+    queue_changed = info.pop(_QUEUE_CHANGED, False)
+    if not (created or deleted or touched or queue_changed):
+        return
+    seq = session.execute(
+        update(_CHANGES)
+        .where(_CHANGES.c.subject == SEQ)
+        .values(counter=_CHANGES.c.counter + 1)
+        .returning(_CHANGES.c.counter)
+    ).scalar_one()
+    subject = _CHANGES.c.subject
+    if deleted:  # a tombstone, so the deletion is in the sequence too
+        session.execute(update(_CHANGES).where(subject.in_(sorted(deleted))).values(counter=0, seq=seq))
     if created:
-        session.execute(insert(_CHANGES), [{"subject": v, "counter": 1} for v in sorted(created)])
+        session.execute(insert(_CHANGES), [{"subject": v, "counter": 1, "seq": seq} for v in sorted(created)])
     if touched:
-        bump = _CHANGES.c.counter + 1
-        session.execute(update(_CHANGES).where(_CHANGES.c.subject.in_(sorted(touched))).values(counter=bump))
-    if info.pop(_QUEUE_CHANGED, False):
+        bump = {"counter": _CHANGES.c.counter + 1, "seq": seq}
+        session.execute(update(_CHANGES).where(subject.in_(sorted(touched))).values(**bump))
+    if queue_changed:
         session.execute(
-            update(_CHANGES).where(_CHANGES.c.subject == QUEUE).values(counter=_CHANGES.c.counter + 1)
+            update(_CHANGES).where(subject == QUEUE).values(counter=_CHANGES.c.counter + 1, seq=seq)
         )
 
 
 class ChangeReader:
-    """Reads a version's and the queues' counters on a DBAPI connection of its own, outside the pool
-    and outside any transaction (autocommit: each read sees the latest commit). The pollers ask on
-    every request: one indexed query costs about 4 microseconds this way on SQLite (the cached
-    view's whole answer about 50), an ORM session about twenty times as much. Thread-safe (one lock:
-    a read is short)."""
+    """Reads the counters on a DBAPI connection of its own, outside the pool and outside any
+    transaction (autocommit: each read sees the latest commit): one indexed query costs a few
+    microseconds this way on SQLite, an ORM session about twenty times as much. Thread-safe (one
+    lock: a read is short)."""
 
     def __init__(self, engine: Engine):
         self._engine = engine
@@ -89,6 +116,8 @@ class ChangeReader:
             f"SELECT (SELECT counter FROM changes WHERE subject = {mark}), "
             f"(SELECT counter FROM changes WHERE subject = {mark})"
         )
+        self._since_sql = f"SELECT subject, counter, seq FROM changes WHERE seq > {mark} ORDER BY seq"
+        self._seq_sql = f"SELECT counter FROM changes WHERE subject = {mark}"
         # An in-memory SQLite database lives in its thread's one pooled connection: read there.
         self._pooled = isinstance(engine.pool, SingletonThreadPool)
         self._lock = threading.Lock()
@@ -96,31 +125,32 @@ class ChangeReader:
         self._dbapi: Any = None  # the driver's connection: sqlite3's or psycopg's (both .execute)
 
     def read(self, version_id: str) -> Changes:
+        version, queue = self._query(self._sql, (version_id, QUEUE))[0]
+        return version or None, queue  # 0: deleted
+
+    def since(self, seq: int | None) -> ChangesSince:
+        """What moved after sequence number ``seq``, and the number that covers it; ``None``: the
+        latest number and nothing (a reader's first look: it has cached nothing yet)."""
+        if seq is None:
+            return ChangesSince(self._query(self._seq_sql, (SEQ,))[0][0], {}, None)
+        rows = self._query(self._since_sql, (seq,))
+        versions = {subject: counter or None for subject, counter, _ in rows if subject != QUEUE}
+        queue = next((counter for subject, counter, _ in rows if subject == QUEUE), None)
+        return ChangesSince(rows[-1][2] if rows else seq, versions, queue)
+
+    def _query(self, sql: str, params: tuple) -> list[tuple]:
         with self._lock:
             if self._pooled:
                 conn = self._engine.raw_connection()
                 try:
-                    return conn.dbapi_connection.execute(self._sql, (version_id, QUEUE)).fetchone()
+                    return conn.dbapi_connection.execute(sql, params).fetchall()
                 finally:
                     conn.close()
             try:
-                return (self._dbapi or self._connect()).execute(self._sql, (version_id, QUEUE)).fetchone()
+                return (self._dbapi or self._connect()).execute(sql, params).fetchall()
             except Exception:  # a connection the server dropped (PostgreSQL restarted): once anew
                 self._close()
-                return self._connect().execute(self._sql, (version_id, QUEUE)).fetchone()
-
-    def commit_mark(self) -> int | None:
-        """A number that changes whenever any other connection, of any process, commits (SQLite's
-        ``PRAGMA data_version`` on this reader's connection); None where there is no such number
-        (PostgreSQL; an in-memory SQLite database, whose writes share the reader's connection)."""
-        if self._pooled or self._engine.dialect.name != "sqlite":
-            return None
-        with self._lock:
-            try:
-                return (self._dbapi or self._connect()).execute("PRAGMA data_version").fetchone()[0]
-            except Exception:  # as in read(): once anew
-                self._close()
-                return self._connect().execute("PRAGMA data_version").fetchone()[0]
+                return self._connect().execute(sql, params).fetchall()
 
     def _connect(self) -> Any:
         own = self._engine.raw_connection()  # the engine's connect hooks ran (SQLite pragmas)

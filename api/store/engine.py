@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, event, exc, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.store.changes import ChangeReader, Changes, count_changes, note_changes
+from api.store.changes import ChangeReader, Changes, ChangesSince, count_changes, note_changes
 from api.store.events import StoreEvents
 
 _READ_OPTION = "shotloom_read_only"
@@ -174,11 +174,10 @@ class StoreEngine:
         with reachable():
             return self._changes.read(version_id)
 
-    def commit_mark(self) -> int | None:
-        """A number that changes whenever anything is committed (None: the backend has none): while
-        it stays the same, every change counter does (see ``ChangeReader.commit_mark``)."""
+    def changes_since(self, seq: int | None) -> ChangesSince:
+        """The counters that moved after sequence number ``seq`` (see ``ChangeReader.since``)."""
         with reachable():
-            return self._changes.commit_mark()
+            return self._changes.since(seq)
 
     @contextmanager
     def _read(self) -> Iterator[Session]:

@@ -131,5 +131,9 @@ class Change(Base):
 
     __tablename__ = "changes"
 
-    subject: Mapped[str] = mapped_column(String(32), primary_key=True)  # a version id, or ':queue'
-    counter: Mapped[int] = mapped_column(BigInteger)
+    subject: Mapped[str] = mapped_column(String(32), primary_key=True)  # a version id, ':queue' or ':seq'
+    counter: Mapped[int] = mapped_column(BigInteger)  # 0: the version was deleted (a tombstone)
+    # The sequence number of the write that last moved it (None: before the sequence existed).
+    seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (Index("ix_changes_seq", "seq"),)
