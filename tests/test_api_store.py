@@ -529,6 +529,21 @@ def test_a_write_through_one_store_reaches_the_views_another_process_cached(db_u
         reader.close()
 
 
+def test_a_queued_or_running_update_that_reaches_a_finished_job_changes_nothing(store):
+    """The tracker saw a run queued, then a cancel landed before its write: the cancelled job keeps
+    its stage and progress (CI once saw it cancelled with stage "queued" for ever), and no view is
+    invalidated."""
+    v = store.accept(_job()).version_id
+    store.update_status(v, status="cancelled", stage="canceled", live={"progress": {"done": 0}})
+    before = store.changes(v)
+    late = store.update_status(v, status="queued", stage="queued", live={"progress": {"done": 3}})
+    job = store.get(v)
+    assert (job.status, job.stage, job.live.as_json()) == ("cancelled", "canceled", {"progress": {"done": 0}})
+    assert (late.status, late.stage) == ("cancelled", "canceled") and store.changes(v) == before
+    store.update_status(v, stage="kept")  # an update that says no status still applies
+    assert store.get(v).stage == "kept"
+
+
 def test_every_write_to_a_job_or_its_artifacts_bumps_its_change_counter_only(store):
     """The counters a cached view compares: the version's on every write to its row or artifacts
     (committed with the write, gone with the job), the queues' when one's membership or order moves."""

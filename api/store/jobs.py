@@ -245,7 +245,10 @@ class JobsStore(StoreEngine):
         callback: Callable[[JobRecord], dict[str, Any]] | None = None,
     ) -> JobRecord:
         """Change status/stage/error/result (arguments left out are kept). Entering succeeded or failed
-        stamps ``finished_at``; a finished job is not moved back to queued/running. ``callback``: the
+        stamps ``finished_at``. An update saying queued or running that reaches a finished job
+        changes nothing: it was seen before the job finished (the tracker saw the run queued, and a
+        cancel landed before its write), and its stage or progress would contradict the
+        outcome. ``callback``: the
         payload of the job's callback, queued in the outbox in the same transaction as the change
         that finishes the job (when it asked for one): the outcome and its callback are recorded
         together or not at all, whatever happens to the database or the process in between."""
@@ -255,7 +258,9 @@ class JobsStore(StoreEngine):
             row = self._job_for_update(s, version_id)
             now = time.time()
             finishing = status in FINISHED and row.status not in FINISHED  # once: under the row lock
-            if status is not None and not (row.status in FINISHED and status not in FINISHED):
+            if status is not None and status not in FINISHED and row.status in FINISHED:
+                return job_record(row)  # seen before it finished: not written
+            if status is not None:
                 if status in FINISHED and row.status != status:
                     row.finished_at = now
                 row.status = status
