@@ -25,7 +25,11 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The tree measured is the one first on the import path (this checkout, or another on PYTHONPATH):
+# this checkout and the script's own folder go last (there bench/api.py cannot stand for the api
+# package).
+_BENCH = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _BENCH] + [str(_BENCH.parent), str(_BENCH)]
 
 from _common import result_line  # noqa: E402
 
