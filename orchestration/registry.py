@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 INDEX_KEY = "shotloom/workers"
+# Below this much free on the disk of a SQLite storage, nobody can write it (heartbeats included):
+# a judge is as blind as when the storage is away (see :class:`_Watch`).
+NO_ROOM_BYTES = 1 << 20
 RECORD_PREFIX = "shotloom/worker/"
 CLAIM_PREFIX = "shotloom/claim/"
 
@@ -74,13 +78,31 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _sqlite_dir(run_storage: Any) -> str | None:
+    """The folder of a SQLite run storage's database (None: another database)."""
+    conn_string = getattr(run_storage, "_conn_string", None)
+    if not isinstance(conn_string, str) or not conn_string.startswith("sqlite"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    database = make_url(conn_string).database
+    return os.path.dirname(database) if database else None
+
+
+def _free_bytes(folder: str) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return NO_ROOM_BYTES  # not there (yet): not a full disk
+
+
 class _Watch:
     """Since when this process has seen its storage without a failure. The storage away for a while
-    (PostgreSQL restarting) stops every worker's beats and every judge's reads alike, and the
-    records then read stale though nobody died: a judge counts a worker's silence only from the
-    end of its own blindness. Any connection error of any engine in the process counts (the
-    daemon's run monitoring fails on its run query before it reaches the registry), through
-    SQLAlchemy's ``handle_error`` event, installed once a judge exists."""
+    (PostgreSQL restarting), or the disk of a SQLite storage full, stops every worker's beats and
+    every judge's reads alike, and the records then read stale though nobody died: a judge counts
+    a worker's silence only from the end of its own blindness. Any connection error of any engine
+    in the process counts (the daemon's run monitoring fails on its run query before it reaches
+    the registry), through SQLAlchemy's ``handle_error`` event, installed once a judge exists."""
 
     def __init__(self) -> None:
         self.since: float | None = None  # None: blind now (the last attempt failed), or no read yet
@@ -94,7 +116,7 @@ class _Watch:
 
         from orchestration.storage import lost_connection
 
-        def on_error(context) -> None:
+        def on_error(context) -> None:  # SQLite's "disk I/O error" of a full disk is one too
             if context.is_disconnect or lost_connection(context.sqlalchemy_exception):
                 self.failed()
 
@@ -123,6 +145,7 @@ class WorkerRegistry:
     def __init__(self, run_storage, stale_after_s: float | None = None):
         self.storage = run_storage
         self.stale_after_s = stale_after_s
+        self._sqlite_dir = _sqlite_dir(run_storage)
         if stale_after_s is not None:
             _watch.install()
 
@@ -140,6 +163,8 @@ class WorkerRegistry:
         last blindness to the storage (a record just read by :meth:`get` or :meth:`records`)."""
         if self.stale_after_s is None:
             raise ValueError("a registry that judges liveness needs its stale_after_s")
+        if self._sqlite_dir is not None and _free_bytes(self._sqlite_dir) < NO_ROOM_BYTES:
+            _watch.failed()  # the state disk full: no worker can beat, so silence proves nothing
         return record.alive(self.stale_after_s, now, watched_since=_watch.seen_since())
 
     def _names(self) -> list[str]:

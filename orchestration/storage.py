@@ -164,49 +164,70 @@ def wait_out_postgres_outages(patience_s: float, gate: Callable[[], None] | None
     utils.retry_pg_connection_fn = patient
 
 
-# The storage calls a run makes, each retried whole when the connection it ran on was cut
-# mid-statement: its writes, and the reads its ops and Dagster's step execution make (reads are
-# safe to repeat).
-_RUN_CALLS = {
-    "event_log_storage": (
-        "store_event",
-        "get_records_for_run",
-        # the asset partitions ops register (a shot's partition; adding is idempotent)
-        "has_dynamic_partition",
-        "get_dynamic_partitions",
-        "add_dynamic_partitions",
-    ),
-    "run_storage": (
-        "add_run_tags",
-        "handle_run_event",
-        "get_run_records",
-        "get_runs",
-        "get_execution_plan_snapshot",
-    ),
+def out_of_room(error: BaseException) -> bool:
+    """SQLite could not write for want of room: the disk under the state directory is full
+    ("database or disk is full", or an I/O error writing the WAL or its index, which is how a
+    full disk shows up there; readers write the index too)."""
+    import sqlalchemy
+
+    cause = error.orig if isinstance(error, sqlalchemy.exc.DBAPIError) else error
+    name = getattr(cause, "sqlite_errorname", "") or ""
+    return name == "SQLITE_FULL" or name.startswith("SQLITE_IOERR")
+
+
+def storage_outage(error: BaseException) -> bool:
+    """Dagster's storage cannot take a call now, for a reason that passes: unreachable (or cut),
+    or its disk full."""
+    from dagster_postgres.utils import DagsterPostgresException
+
+    return isinstance(error, DagsterPostgresException) or lost_connection(error) or out_of_room(error)
+
+
+# The storage writes a run makes, each retried whole when it failed for a reason that passes (the
+# connection cut mid-statement, the disk full): the writes, and the asset partitions ops register
+# (adding is idempotent). Every read of these storages is retried too (:data:`_READS`: safe to
+# repeat), so a read nobody listed cannot fail a step. The worker registry's own calls (key-value
+# cursors) are not: its heartbeat and fence keep their own pace and judge a failure themselves.
+_RUN_WRITES = {
+    "event_log_storage": ("store_event", "add_dynamic_partitions"),
+    "run_storage": ("add_run_tags", "handle_run_event"),
 }
+_READS = ("get_", "has_", "fetch_")
+_NOT_RETRIED = ("get_cursor_values",)
+
+
+def _run_calls(storage: Any, storage_name: str) -> list[str]:
+    reads = [
+        name
+        for name in dir(type(storage))
+        if name.startswith(_READS) and name not in _NOT_RETRIED and callable(getattr(storage, name, None))
+    ]
+    return [*_RUN_WRITES[storage_name], *reads]
 
 
 def retry_run_writes(instance: Any, patience_s: float) -> None:
-    """Retry this process's run writes (and reads) to Dagster's storage when the server drops the
-    connection in the middle of one (a restart). :func:`wait_out_postgres_outages` waits at the
-    next connect, but a statement already sent fails with "server closed the connection
-    unexpectedly", which would fail the step it belongs to. Such a call is tried again, on a new
-    connection (so once the server is back), for up to ``patience_s``. Only lost connections are
-    retried: a write the server refused (a constraint) fails as it would have. The rare write that
-    committed just before the connection dropped is recorded twice (an event seen twice; nothing
-    is executed again)."""
+    """Retry this process's run writes (and reads) to Dagster's storage while they fail for a
+    reason that passes, for up to ``patience_s``: on PostgreSQL, a connection dropped in the middle
+    of a call (a restart: :func:`wait_out_postgres_outages` waits at the next connect, but a
+    statement already sent fails with "server closed the connection unexpectedly"); on SQLite, a
+    full disk under the state directory (:func:`out_of_room`). Either would otherwise fail the step
+    it belongs to, and often the run's end could not be written either, leaving it STARTED. The
+    call is tried again (on a new connection) until it goes through. A write the database refused
+    for what it says (a constraint, bad SQL) fails as it would have. The rare write that committed
+    just before the connection dropped is recorded twice (an event seen twice; nothing is executed
+    again)."""
 
-    def patient(call):
+    def patient(call, retryable, what):
         def retried(*args, **kwargs):
-            return _patiently(
-                lambda: call(*args, **kwargs), patience_s, lost_connection, "a run write lost its connection"
-            )
+            return _patiently(lambda: call(*args, **kwargs), patience_s, retryable, what)
 
         return retried
 
-    for storage_name, methods in _RUN_CALLS.items():
+    for storage_name in _RUN_WRITES:
         storage = getattr(instance, storage_name)
-        if not type(storage).__module__.startswith("dagster_postgres"):
-            continue  # SQLite: its errors (locked past the busy timeout, disk full) are not outages
-        for method in methods:
-            setattr(storage, method, patient(getattr(storage, method)))
+        if type(storage).__module__.startswith("dagster_postgres"):
+            retryable, what = lost_connection, "a run write lost its connection"
+        else:  # SQLite: a lock held past the busy timeout is not waited out here, a full disk is
+            retryable, what = out_of_room, "no room to write Dagster's storage"
+        for method in _run_calls(storage, storage_name):
+            setattr(storage, method, patient(getattr(storage, method), retryable, what))

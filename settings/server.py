@@ -189,9 +189,10 @@ class RuntimeConfig(_Strict):
     storage_outage_seconds: float = Field(
         default=300.0,
         gt=0,
-        description="How long a worker waits for Dagster's PostgreSQL storage when it goes away "
-        "(a restart, a failover) before failing what it was doing: a run in flight waits at its next "
-        "write and goes on, its outcome recorded once the server is back.",
+        description="How long a worker waits for Dagster's storage when it cannot take writes "
+        "(PostgreSQL restarting or failing over, SQLite's disk full) before failing what it was doing: a "
+        "run in flight waits at its next write and goes on, its outcome recorded once the storage takes "
+        "it.",
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -276,3 +277,35 @@ def first_submit(stack: Stack, shot_id: str, **shot) -> str:
             if time.monotonic() > deadline:
                 raise
             time.sleep(1)
+
+
+# -- a small disk that fills up (tmpfs; root only) ----------------------------------------------------
+def mount_small_disk(path: Path, size: str) -> Path:
+    """A tmpfs of ``size`` mounted on ``path`` (made if missing); skips the test where it cannot be."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
+    return path
+
+
+def fill(disk: Path) -> Path:
+    """Take every free byte of ``disk``."""
+    filler = disk / "filler.bin"
+    block = b"\0" * (1 << 16)
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(block)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    for size in (4096, 512, 1):  # the last pages a 64 KiB block did not fit in
+        with open(filler, "ab", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError:
+                pass
+    return filler

@@ -6,6 +6,7 @@ found dead one heartbeat timeout later."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 
 import pytest
@@ -87,3 +88,33 @@ def test_a_connection_error_anywhere_in_the_process_counts_as_blindness(storage)
     assert judge.alive(seen, time.time())
     judge.get("w-0")
     assert registry_module._watch.since > since
+
+
+def test_a_full_disk_under_a_sqlite_storage_is_not_a_worker_dying(tmp_path, monkeypatch):
+    """Nobody can beat while the disk of a SQLite storage is full, whether or not the judge's reads
+    still go through: the judge is blind until there is room again."""
+    from dataclasses import replace
+
+    from dagster._core.storage.runs import SqliteRunStorage
+
+    from conftest import fill, mount_small_disk
+
+    monkeypatch.setattr(registry_module, "_watch", registry_module._Watch())
+    disk = mount_small_disk(tmp_path / "disk", "4m")
+    try:
+        storage = SqliteRunStorage.from_local(str(disk))
+        judge = WorkerRegistry(storage, STALE_S)
+        WorkerRegistry(storage).publish(record())
+        silent = replace(judge.get("w-0"), heartbeat=time.time() - 30)
+        registry_module._watch.since = time.time() - 60  # the judge has been watching a while
+        assert not judge.alive(silent)  # room on the disk: 30 s of silence is death
+
+        filler = fill(disk)
+        assert judge.alive(silent)  # no room: nobody could have beaten
+        filler.unlink()
+        judge.get("w-0")
+        assert judge.alive(silent)  # silence counts again from now...
+        assert not judge.alive(silent, time.time() + STALE_S + 1)  # ...and a timeout later it is death
+        storage.dispose()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

@@ -26,6 +26,7 @@ from dagster._core.events.log import EventLogEntry
 from dagster._core.execution.plan.objects import StepSuccessData
 
 from orchestration import storage
+from orchestration.worker import execute
 from orchestration.worker.execute import _restore_status, _resume_from_last_finished_step
 
 
@@ -148,3 +149,43 @@ def test_a_resumed_run_whose_last_step_had_finished_is_not_made_again(tmp_path, 
         assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.SUCCESS
         made = marker.read_text().splitlines() if marker.exists() else []
         assert made == ([] if step_finished else ["made"])
+
+
+def test_a_run_over_here_whose_end_was_never_written_is_failed_once_the_storage_takes_it(monkeypatch):
+    """Its execution ended (the storage refused its writes past their patience: the state disk full)
+    without a word of its end: it must not read STARTED for ever. While the storage still refuses,
+    the worker keeps trying; a worker stopping leaves it to be resumed elsewhere."""
+    monkeypatch.setattr(execute, "RECORD_RETRY_S", 0.01)
+    with DagsterInstance.ephemeral() as instance:
+        run = instance.create_run_for_job(one, status=DagsterRunStatus.STARTED)
+        stopping = SimpleNamespace(instance=instance, name="cpu-0", stopping=True)
+        assert execute._settle(stopping, run.run_id).status == DagsterRunStatus.STARTED
+
+        get_run_by_id, refusals = instance.get_run_by_id, []
+
+        def full_then_room(run_id):
+            if len(refusals) < 3:
+                refusals.append(run_id)
+                raise no_room()
+            return get_run_by_id(run_id)
+
+        monkeypatch.setattr(instance, "get_run_by_id", full_then_room)
+        worker = SimpleNamespace(instance=instance, name="cpu-0", stopping=False)
+        settled = execute._settle(worker, run.run_id)
+        assert len(refusals) == 3 and settled.status == DagsterRunStatus.FAILURE
+        failure = instance.get_records_for_run(run.run_id, of_type=DagsterEventType.RUN_FAILURE).records
+        assert "storage_outage_seconds" in failure[0].event_log_entry.dagster_event.message
+
+
+def no_room() -> sqlalchemy.exc.OperationalError:
+    import sqlite3
+
+    full = sqlite3.OperationalError("database or disk is full")
+    full.sqlite_errorcode, full.sqlite_errorname = 13, "SQLITE_FULL"
+    return sqlalchemy.exc.OperationalError("INSERT", {}, full)
+
+
+def test_a_full_disk_is_waited_for_and_a_refused_write_is_not():
+    assert storage.out_of_room(no_room()) and storage.storage_outage(no_room())
+    refused = sqlalchemy.exc.IntegrityError("INSERT", {}, Exception("UNIQUE constraint failed"))
+    assert not storage.out_of_room(refused) and not storage.storage_outage(refused)

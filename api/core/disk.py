@@ -2,7 +2,8 @@
 directory (the stores, Dagster's storage, step outputs). Below ``api.min_free_mb`` on either, new
 work is refused (507) and ``/health`` says which, until space is back: a run that started with
 room and then could not write its MP4 fails with the path and the missing room
-(:func:`shotloom.media.write_mp4`), and nothing half-written is kept."""
+(:func:`shotloom.media.write_mp4`), and nothing half-written is kept; one that cannot write
+Dagster's storage waits for room (:func:`orchestration.storage.retry_run_writes`)."""
 
 from __future__ import annotations
 

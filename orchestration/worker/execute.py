@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from orchestration.worker.process import Worker
 
 log = logging.getLogger("shotloom.worker")
+RECORD_RETRY_S, RECORD_RETRY_MAX_S = 1.0, 30.0  # between tries at recording a run's end
 
 
 def execute(worker: Worker, run_id: str, resume: bool) -> None:
@@ -193,13 +194,7 @@ def _record_end(worker: Worker, run_id: str) -> None:
         DagsterRunStatus.CANCELED: stages.CANCELED,
     }
     try:
-        run = worker.instance.get_run_by_id(run_id)
-        if run is not None and not run.is_finished:
-            run = _restore_status(worker, run)
-        if run is not None and run.status == DagsterRunStatus.CANCELING:
-            # Interrupted before Dagster could record it (e.g. the run never reached a step).
-            worker.instance.report_run_canceled(run, "Canceled on the device worker.")
-            run = worker.instance.get_run_by_id(run_id)
+        run = _settle(worker, run_id)
         tags = {LOADS_TAG: str(loads())} if worker.pool == "device" else {}
         if run is not None and run.status in final:
             tags.update(events.stage_tags(final[run.status]))
@@ -208,6 +203,43 @@ def _record_end(worker: Worker, run_id: str) -> None:
             rt.after_run()  # idle clock, measured CUDA peak
     except Exception:
         log.exception("%s: could not finish bookkeeping for %s", worker.name, run_id)
+
+
+def _settle(worker: Worker, run_id: str) -> DagsterRun | None:
+    """The run's end, in the storage. Its execution is over here, so a run still unfinished in the
+    storage is one whose end could not be written (the storage away or its disk full for longer
+    than the writes waited): the end is recorded (failed, saying so) and, while the storage still
+    cannot take it, tried again until it can, the worker taking nothing else meanwhile, so a job is
+    never left running for ever. A worker stopping leaves its run as it is (resumed elsewhere)."""
+    from dagster import DagsterRunStatus
+
+    from orchestration.storage import storage_outage
+
+    wait = RECORD_RETRY_S
+    while True:
+        try:
+            run = worker.instance.get_run_by_id(run_id)
+            if run is not None and not run.is_finished:
+                run = _restore_status(worker, run)
+            if run is not None and run.status == DagsterRunStatus.CANCELING:
+                # Interrupted before Dagster could record it (e.g. the run never reached a step).
+                worker.instance.report_run_canceled(run, "Canceled on the device worker.")
+            elif run is not None and not run.is_finished and not worker.stopping:
+                worker.instance.report_run_failed(
+                    run,
+                    f"Device worker {worker.name}: the run stopped without its outcome written: Dagster's "
+                    "storage could not take its writes (unreachable, or its disk full) for longer than "
+                    "runtime.storage_outage_seconds",
+                )
+            else:
+                return run
+            return worker.instance.get_run_by_id(run_id)
+        except Exception as exc:
+            if worker.stopping or not storage_outage(exc):
+                raise
+            log.warning("%s: the end of run %s is not recorded yet, retrying: %s", worker.name, run_id, exc)
+        time.sleep(wait)
+        wait = min(wait * 2, RECORD_RETRY_MAX_S)
 
 
 def tell_api(worker: Worker, run_id: str) -> None:
