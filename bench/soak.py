@@ -197,6 +197,13 @@ class Load:
         except (httpx.HTTPError, ValueError):
             return None
 
+    def error(self, key: str) -> str:
+        """Why a job failed, as its client reads it."""
+        path = f"/v1/videos/{key}" if key.startswith("video_") else f"/version/{key}"
+        body = self.http.get(self.service.base + path).json()
+        error = body.get("error")
+        return str(error.get("message") if isinstance(error, dict) else error)
+
     def content(self, key: str) -> bytes:
         if key.startswith("video_"):
             return self.http.get(f"{self.service.base}/v1/videos/{key}/content").content
@@ -341,6 +348,8 @@ def audit(load: Load, receiver: Receiver, database_url: str) -> dict[str, int]:
         ).fetchall()
     for row in twice:
         print("ran twice:", row, flush=True)
+    for key in (k for k, s in statuses.items() if s == "failed"):
+        print("failed:", key, load.error(key), flush=True)
     for version, got in repeated.items():
         print("delivered again:", version, got, flush=True)
     bad = 0

@@ -14,6 +14,7 @@ moves the per-run directory aside, so nothing an operator could see before is lo
 from __future__ import annotations
 
 import logging
+import math
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -115,18 +116,30 @@ def _patiently(
     import random
     import time
 
-    deadline, wait, warned = time.monotonic() + patience_s, 0.2, False
+    deadline, wait, warned = time.perf_counter() + patience_s, 0.2, False
     while True:
         try:
             return attempt()
         except Exception as exc:
-            if not retryable(exc) or time.monotonic() >= deadline:
+            if not retryable(exc):
+                raise
+            if time.perf_counter() >= deadline:
+                _gave_up[0] = time.perf_counter()
                 raise
             if not warned:
                 log.warning("%s, retrying for up to %g s: %s", what, patience_s, str(exc).splitlines()[0])
                 warned = True
         time.sleep(wait * random.uniform(0.5, 1.0))
         wait = min(wait * 2, 2.0)
+
+
+_gave_up = [-math.inf]  # when a call of this process last gave up waiting (time.perf_counter())
+
+
+def gave_up_since(started: float | None) -> bool:
+    """Whether a storage call of this process gave up waiting for the storage since ``started``
+    (``time.perf_counter()``; None: ever)."""
+    return _gave_up[0] > (-math.inf if started is None else started)
 
 
 def wait_out_postgres_outages(patience_s: float, gate: Callable[[], None] | None = None) -> None:

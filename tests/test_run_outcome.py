@@ -7,6 +7,7 @@ Dagster's real (SQLite) storage."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from types import SimpleNamespace
 
@@ -152,14 +153,22 @@ def test_a_resumed_run_whose_last_step_had_finished_is_not_made_again(tmp_path, 
 
 
 def test_a_run_over_here_whose_end_was_never_written_is_failed_once_the_storage_takes_it(monkeypatch):
-    """Its execution ended (the storage refused its writes past their patience: the state disk full)
-    without a word of its end: it must not read STARTED for ever. While the storage still refuses,
-    the worker keeps trying; a worker stopping leaves it to be resumed elsewhere."""
+    """Its execution ended, its writes having given up waiting (the state disk full past their
+    patience), without a word of its end: it must not read STARTED for ever. While the storage
+    still refuses, the worker keeps trying. A run whose writes never gave up is left as it is, and
+    so is the run of a worker stopping (resumed elsewhere)."""
     monkeypatch.setattr(execute, "RECORD_RETRY_S", 0.01)
+    monkeypatch.setattr(storage, "_gave_up", [-math.inf])
     with DagsterInstance.ephemeral() as instance:
         run = instance.create_run_for_job(one, status=DagsterRunStatus.STARTED)
+        started = time.perf_counter()
+        worker = SimpleNamespace(instance=instance, name="cpu-0", stopping=False)
+        assert execute._settle(worker, run.run_id, started).status == DagsterRunStatus.STARTED
+
+        with pytest.raises(sqlalchemy.exc.OperationalError):  # a write of the run gives up
+            storage._patiently(lambda: (_ for _ in ()).throw(no_room()), 0, storage.out_of_room, "a write")
         stopping = SimpleNamespace(instance=instance, name="cpu-0", stopping=True)
-        assert execute._settle(stopping, run.run_id).status == DagsterRunStatus.STARTED
+        assert execute._settle(stopping, run.run_id, started).status == DagsterRunStatus.STARTED
 
         get_run_by_id, refusals = instance.get_run_by_id, []
 
@@ -170,8 +179,7 @@ def test_a_run_over_here_whose_end_was_never_written_is_failed_once_the_storage_
             return get_run_by_id(run_id)
 
         monkeypatch.setattr(instance, "get_run_by_id", full_then_room)
-        worker = SimpleNamespace(instance=instance, name="cpu-0", stopping=False)
-        settled = execute._settle(worker, run.run_id)
+        settled = execute._settle(worker, run.run_id, started)
         assert len(refusals) == 3 and settled.status == DagsterRunStatus.FAILURE
         failure = instance.get_records_for_run(run.run_id, of_type=DagsterEventType.RUN_FAILURE).records
         assert "storage_outage_seconds" in failure[0].event_log_entry.dagster_event.message

@@ -36,7 +36,7 @@ def execute(worker: Worker, run_id: str, resume: bool) -> None:
 
     with worker.lock:
         worker.run_id, worker.pending_run_id = run_id, None
-    started = time.perf_counter()
+    started = time.perf_counter()  # (the storage's patience is timed on the same clock)
     ours = True
     try:
         run = worker.instance.get_run_by_id(run_id)
@@ -75,7 +75,7 @@ def execute(worker: Worker, run_id: str, resume: bool) -> None:
         log.exception("%s: run %s raised", worker.name, run_id)
         _fail_unfinished(worker, run_id, f"Device worker {worker.name} could not run it: {exc!r}")
     finally:
-        _after_run(worker, run_id, ours)
+        _after_run(worker, run_id, ours, started)
         log.info("%s: run %s done in %.2fs", worker.name, run_id, time.perf_counter() - started)
 
 
@@ -165,10 +165,10 @@ def _restore_status(worker: Worker, run: DagsterRun) -> DagsterRun | None:
     return worker.instance.get_run_by_id(run_id)
 
 
-def _after_run(worker: Worker, run_id: str, ours: bool = True) -> None:
+def _after_run(worker: Worker, run_id: str, ours: bool = True, started: float | None = None) -> None:
     """The worker idle again; for a run it ran (``ours``), its end recorded first."""
     if ours:
-        _record_end(worker, run_id)
+        _record_end(worker, run_id, started)
     with worker.lock:
         worker.run_id = None
         if ours:
@@ -179,7 +179,7 @@ def _after_run(worker: Worker, run_id: str, ours: bool = True) -> None:
         threading.Thread(target=tell_api, args=(worker, run_id), daemon=True).start()
 
 
-def _record_end(worker: Worker, run_id: str) -> None:
+def _record_end(worker: Worker, run_id: str, started: float | None = None) -> None:
     """Its status (restored if lost), its final stage, the weight loads, the runtimes' clocks."""
     from dagster import DagsterRunStatus
 
@@ -194,7 +194,7 @@ def _record_end(worker: Worker, run_id: str) -> None:
         DagsterRunStatus.CANCELED: stages.CANCELED,
     }
     try:
-        run = _settle(worker, run_id)
+        run = _settle(worker, run_id, started)
         tags = {LOADS_TAG: str(loads())} if worker.pool == "device" else {}
         if run is not None and run.status in final:
             tags.update(events.stage_tags(final[run.status]))
@@ -205,15 +205,16 @@ def _record_end(worker: Worker, run_id: str) -> None:
         log.exception("%s: could not finish bookkeeping for %s", worker.name, run_id)
 
 
-def _settle(worker: Worker, run_id: str) -> DagsterRun | None:
-    """The run's end, in the storage. Its execution is over here, so a run still unfinished in the
-    storage is one whose end could not be written (the storage away or its disk full for longer
-    than the writes waited): the end is recorded (failed, saying so) and, while the storage still
-    cannot take it, tried again until it can, the worker taking nothing else meanwhile, so a job is
-    never left running for ever. A worker stopping leaves its run as it is (resumed elsewhere)."""
+def _settle(worker: Worker, run_id: str, started: float | None = None) -> DagsterRun | None:
+    """The run's end, in the storage. Its execution is over here: a run still unfinished in the
+    storage whose writes gave up waiting since it ``started`` (``time.perf_counter()``; the
+    storage away or its disk full for longer than they wait) is one whose end could not be
+    written: it is recorded (failed, saying so) and, while the storage still cannot take it, tried
+    again until it can, the worker taking nothing else meanwhile, so a job is never left running
+    for ever. A worker stopping leaves its run as it is (resumed elsewhere)."""
     from dagster import DagsterRunStatus
 
-    from orchestration.storage import storage_outage
+    from orchestration.storage import gave_up_since, storage_outage
 
     wait = RECORD_RETRY_S
     while True:
@@ -224,7 +225,7 @@ def _settle(worker: Worker, run_id: str) -> DagsterRun | None:
             if run is not None and run.status == DagsterRunStatus.CANCELING:
                 # Interrupted before Dagster could record it (e.g. the run never reached a step).
                 worker.instance.report_run_canceled(run, "Canceled on the device worker.")
-            elif run is not None and not run.is_finished and not worker.stopping:
+            elif run is not None and not run.is_finished and not worker.stopping and gave_up_since(started):
                 worker.instance.report_run_failed(
                     run,
                     f"Device worker {worker.name}: the run stopped without its outcome written: Dagster's "
