@@ -28,14 +28,17 @@ ports, waits for ``GET /health`` to answer 200, then measures over real HTTP:
 Also shown: CPU time the API process spent per request in each phase (from /proc, via psutil).
 The service is stopped with SIGTERM to its process group (SIGKILL after 60 s), also on errors.
 
-With ``--baseline REV`` the same measurement first runs on git revision REV (its own
-``bench/api.py``, in a temporary worktree, the service started from that tree), then on this tree,
-in one run on one host: the RESULT line then also carries REV's figures as ``baseline_*`` (e.g.
-``--baseline 5ccdd20``, the last tree that runs before the store-invalidated view caches: the
-commits between import a protocol committed after them).
+With ``--baseline REV`` the same measurement runs on git revision REV (its own ``bench/api.py``, in
+a temporary worktree, the service started from that tree) and on this tree, each in a process of
+its own, ``--rounds`` times each in alternating order (REV, this, this, REV, ...): whichever runs
+second on this host measures worse (a run of this tree against itself: GET /version p99 30.5 ms
+first, 42.6 ms second), so a fixed order would charge that to one side. The RESULT line carries
+this tree's medians over its rounds and REV's as ``baseline_*`` (e.g. ``--baseline 5ccdd20``, the
+last tree that runs before the store-invalidated view caches: the commits between import a
+protocol committed after them).
 
     python bench/api.py [--requests 60] [--pollers 50] [--seconds 10] [--burst 100] [--merges 5] [--keep]
-                        [--baseline REV]
+                        [--baseline REV [--rounds 2]]
 """
 
 from __future__ import annotations
@@ -470,9 +473,14 @@ def main() -> None:
     p.add_argument("--dequeue-interval", type=float, help="dequeue_interval_seconds (default: the server's)")
     p.add_argument("--media-workers", type=int, help="workers.media (default: the server's)")
     p.add_argument("--keep", action="store_true", help="keep the temporary state dir")
-    p.add_argument("--baseline", metavar="REV", help="also measure git revision REV first, side by side")
+    p.add_argument("--baseline", metavar="REV", help="also measure git revision REV, side by side")
+    p.add_argument(
+        "--rounds", type=int, default=2, help="with --baseline: runs of each tree, order alternating"
+    )
     args = p.parse_args()
-    baseline = measure_baseline(args.baseline) if args.baseline else None
+    if args.baseline:
+        compare(args.baseline, args.rounds)
+        return
     for key, value in ONE_THREAD.items():
         os.environ.setdefault(key, value)  # inherited by server.py's workers
 
@@ -530,31 +538,56 @@ def main() -> None:
         else:
             shutil.rmtree(root, ignore_errors=True)
 
-    report(args, accept, version, v1_accept, v1_poll, health, start_s, burst, merge, baseline)
+    report(args, accept, version, v1_accept, v1_poll, health, start_s, burst, merge)
 
 
-def measure_baseline(rev: str) -> dict[str, str]:
-    """The figures of ``rev``'s own bench/api.py (same arguments, less ``--baseline``), run from a
-    temporary git worktree with that tree first on the import path (the service it starts too)."""
-    argv = [a for a in sys.argv[1:] if not a.startswith("--baseline=")]
-    if "--baseline" in argv:
-        at = argv.index("--baseline")
-        del argv[at : at + 2]
+COMPARED = ("accept_p50_ms", "version_p99_ms", "v1_accept_p50_ms", "v1_poll_p99_ms", "version_rps")
+
+
+def compare(rev: str, rounds: int) -> None:
+    """This tree and ``rev``, ``rounds`` runs each in alternating order, each run a process of its
+    own (same arguments, less the comparison's); one RESULT line of medians."""
+    argv, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip or arg.startswith(("--baseline", "--rounds")):
+            skip = not skip and "=" not in arg  # the flag's value follows it
+            continue
+        argv.append(arg)
     tree = Path(tempfile.mkdtemp(prefix="shotloom-bench-baseline-"))
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), rev], check=True)
+    runs: dict[Path, list[dict[str, str]]] = {tree: [], REPO: []}
     try:
-        print(f"--- baseline: {rev} ({tree}) ---", flush=True)
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        proc = subprocess.run(
-            [sys.executable, str(tree / "bench" / "api.py"), *argv],
-            cwd=tree, env=env, stdout=subprocess.PIPE, text=True, check=True,
-        )  # fmt: skip
-        print(proc.stdout, flush=True)
-        [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1:]
-        print(f"--- this tree ({REPO}) ---", flush=True)
-        return dict(field.split("=", 1) for field in line.split()[1:])
+        for i in range(rounds):
+            for root in (tree, REPO) if i % 2 == 0 else (REPO, tree):
+                print(f"--- round {i + 1}: {rev if root == tree else 'this tree'} ({root}) ---", flush=True)
+                proc = subprocess.run(
+                    [sys.executable, str(root / "bench" / "api.py"), *argv],
+                    cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE,
+                    text=True, check=True,
+                )  # fmt: skip
+                print(proc.stdout, flush=True)
+                [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1:]
+                runs[root].append(dict(field.split("=", 1) for field in line.split()[1:]))
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
+    for key in COMPARED:
+        print(
+            f"{key}: {rev} {[r.get(key) for r in runs[tree]]}, this tree {[r.get(key) for r in runs[REPO]]}"
+        )
+    medians = {key: _median(r.get(key) for r in runs[REPO]) for key in runs[REPO][0]}
+    before = {f"baseline_{key}": _median(r.get(key) for r in runs[tree]) for key in COMPARED}
+    print(result_line({**medians, "rounds": rounds, **before}))
+
+
+def _median(values) -> object:
+    """The median of numbers given as text; a non-number as the last run gave it."""
+    given = [v for v in values if v is not None]
+    try:
+        if all(v.lstrip("-").isdigit() for v in given):
+            return round(statistics.median(int(v) for v in given))
+        return round(statistics.median(float(v) for v in given), 2)
+    except ValueError:
+        return given[-1] if given else None
 
 
 def report(
@@ -567,7 +600,6 @@ def report(
     start_s: float,
     burst: dict,
     merge: dict,
-    baseline: dict[str, str] | None = None,
 ) -> None:
     queue = health["queues"]["r2v"]
     print()
@@ -625,10 +657,6 @@ def report(
     }
     for key, ok in verdict.items():
         print(f"target {key} <= {TARGETS[key]:g}: {'met' if ok else 'MISSED'}")
-    compared = ("accept_p50_ms", "version_p99_ms", "v1_accept_p50_ms", "v1_poll_p99_ms", "version_rps")
-    before = {f"baseline_{k}": baseline[k] for k in compared if k in baseline} if baseline else {}
-    if baseline:
-        print(f"baseline {args.baseline}: " + ", ".join(f"{k} {baseline.get(k)}" for k in compared))
     print(result_line({
         "accept_p50_ms": round(accept["p50_ms"], 1),
         "accept_p99_ms": round(accept["p99_ms"], 1),
@@ -647,7 +675,6 @@ def report(
         "burst_in_order": burst["in_order"],
         "merge_p50_s": round(merge["p50_s"], 2),
         **{f"merge_{k}_p50_s": round(v, 2) for k, v in merge["phases"].items()},
-        **before,
     }))  # fmt: skip
 
 
