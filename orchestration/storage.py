@@ -136,10 +136,10 @@ def _patiently(
 _gave_up = [-math.inf]  # when a call of this process last gave up waiting (time.perf_counter())
 
 
-def gave_up_since(started: float | None) -> bool:
+def gave_up_since(started: float) -> bool:
     """Whether a storage call of this process gave up waiting for the storage since ``started``
-    (``time.perf_counter()``; None: ever)."""
-    return _gave_up[0] > (-math.inf if started is None else started)
+    (``time.perf_counter()``)."""
+    return _gave_up[0] > started
 
 
 def wait_out_postgres_outages(patience_s: float, gate: Callable[[], None] | None = None) -> None:

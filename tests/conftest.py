@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -280,15 +281,20 @@ def first_submit(stack: Stack, shot_id: str, **shot) -> str:
 
 
 # -- a small disk that fills up (tmpfs; root only) ----------------------------------------------------
-def mount_small_disk(path: Path, size: str) -> Path:
-    """A tmpfs of ``size`` mounted on ``path`` (made if missing); skips the test where it cannot be."""
+@contextlib.contextmanager
+def small_disk_at(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted on ``path`` (made if missing) for the block, unmounted after;
+    skips the test where it cannot be mounted."""
     path.mkdir(parents=True, exist_ok=True)
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
     )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
-    return path
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def fill(disk: Path) -> Path:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,16 +21,15 @@ import pytest
 from shotloom import stages
 
 from api_stack import start_api_stack, stop_api_stack, wait_for
-from conftest import fill, mount_small_disk
+from conftest import fill, small_disk_at
 
 MIN_FREE_MB = 2
 
 
 @pytest.fixture(scope="module")
 def small_disk(tmp_path_factory):
-    path = mount_small_disk(tmp_path_factory.mktemp("small-disk"), "16m")
-    yield path
-    subprocess.run(["umount", "-l", str(path)], check=False)
+    with small_disk_at(tmp_path_factory.mktemp("small-disk"), "16m") as path:
+        yield path
 
 
 @pytest.fixture(scope="module")
@@ -98,19 +96,18 @@ HEARTBEAT_TIMEOUT_S = 4
 def state_stack(tmp_path_factory, wan_checkpoint):
     """The whole service (worker processes) with its state directory on a small tmpfs of its own."""
     root = tmp_path_factory.mktemp("state-full")
-    state = mount_small_disk(root / "state", "32m")
-    s = start_api_stack(
-        root,
-        wan_checkpoint,
-        workers=1,
-        media_root=str(root / "media"),
-        api={"min_free_mb": MIN_FREE_MB},
-        sampler={"mode": "native", "steps": 4, "guidance_scale": 4.0},
-        runtime={"heartbeat_timeout_seconds": HEARTBEAT_TIMEOUT_S},
-    )
-    yield s, state
-    stop_api_stack(s)
-    subprocess.run(["umount", "-l", str(state)], check=False)
+    with small_disk_at(root / "state", "32m") as state:
+        s = start_api_stack(
+            root,
+            wan_checkpoint,
+            workers=1,
+            media_root=str(root / "media"),
+            api={"min_free_mb": MIN_FREE_MB},
+            sampler={"mode": "native", "steps": 4, "guidance_scale": 4.0},
+            runtime={"heartbeat_timeout_seconds": HEARTBEAT_TIMEOUT_S},
+        )
+        yield s, state
+        stop_api_stack(s)
 
 
 def test_a_full_state_disk_pauses_the_running_shot_refuses_new_work_and_it_goes_on_once_freed(state_stack):

@@ -6,7 +6,6 @@ found dead one heartbeat timeout later."""
 from __future__ import annotations
 
 import socket
-import subprocess
 import time
 
 import pytest
@@ -97,11 +96,10 @@ def test_a_full_disk_under_a_sqlite_storage_is_not_a_worker_dying(tmp_path, monk
 
     from dagster._core.storage.runs import SqliteRunStorage
 
-    from conftest import fill, mount_small_disk
+    from conftest import fill, small_disk_at
 
     monkeypatch.setattr(registry_module, "_watch", registry_module._Watch())
-    disk = mount_small_disk(tmp_path / "disk", "4m")
-    try:
+    with small_disk_at(tmp_path / "disk", "4m") as disk:
         storage = SqliteRunStorage.from_local(str(disk))
         judge = WorkerRegistry(storage, STALE_S)
         WorkerRegistry(storage).publish(record())
@@ -116,5 +114,3 @@ def test_a_full_disk_under_a_sqlite_storage_is_not_a_worker_dying(tmp_path, monk
         assert judge.alive(silent)  # silence counts again from now...
         assert not judge.alive(silent, time.time() + STALE_S + 1)  # ...and a timeout later it is death
         storage.dispose()
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)

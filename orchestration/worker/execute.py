@@ -165,8 +165,9 @@ def _restore_status(worker: Worker, run: DagsterRun) -> DagsterRun | None:
     return worker.instance.get_run_by_id(run_id)
 
 
-def _after_run(worker: Worker, run_id: str, ours: bool = True, started: float | None = None) -> None:
-    """The worker idle again; for a run it ran (``ours``), its end recorded first."""
+def _after_run(worker: Worker, run_id: str, ours: bool, started: float) -> None:
+    """The worker idle again; for a run it ran (``ours``, ``started`` at that
+    ``time.perf_counter()``), its end recorded first."""
     if ours:
         _record_end(worker, run_id, started)
     with worker.lock:
@@ -179,7 +180,7 @@ def _after_run(worker: Worker, run_id: str, ours: bool = True, started: float | 
         threading.Thread(target=tell_api, args=(worker, run_id), daemon=True).start()
 
 
-def _record_end(worker: Worker, run_id: str, started: float | None = None) -> None:
+def _record_end(worker: Worker, run_id: str, started: float) -> None:
     """Its status (restored if lost), its final stage, the weight loads, the runtimes' clocks."""
     from dagster import DagsterRunStatus
 
@@ -205,7 +206,7 @@ def _record_end(worker: Worker, run_id: str, started: float | None = None) -> No
         log.exception("%s: could not finish bookkeeping for %s", worker.name, run_id)
 
 
-def _settle(worker: Worker, run_id: str, started: float | None = None) -> DagsterRun | None:
+def _settle(worker: Worker, run_id: str, started: float) -> DagsterRun | None:
     """The run's end, in the storage. Its execution is over here: a run still unfinished in the
     storage whose writes gave up waiting since it ``started`` (``time.perf_counter()``; the
     storage away or its disk full for longer than they wait) is one whose end could not be
