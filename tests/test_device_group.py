@@ -59,6 +59,20 @@ def worker_status(stack, name: str) -> dict:
     return httpx.get(record.url + "/status", timeout=5).json()
 
 
+def group_ready(stack) -> dict:
+    """The group's status once it is idle: a group that just restarted answers while it warms (its
+    ranks loading the model), and a run submitted meanwhile goes to the other worker."""
+
+    def idle():
+        try:
+            status = worker_status(stack, GROUP)
+        except (httpx.HTTPError, ValueError):
+            return None
+        return status if status["state"] == "idle" else None
+
+    return wait_for(idle, 240, "the group idle (warmed)", interval=0.2)
+
+
 def submit(stack, shot_id: str, **changes) -> str:
     resp = stack.post("/r2v", {**SHOT, "shot_id": shot_id, **changes})
     assert resp.status_code == 202, resp.text
@@ -105,7 +119,7 @@ def video_sha(done: dict) -> str:
 
 
 def test_a_group_is_one_slot_and_makes_the_same_shot_as_one_device(stack):
-    group = worker_status(stack, GROUP)
+    group = group_ready(stack)
     assert group["group"]["ranks"] == 2 and group["group"]["dead_ranks"] == []
     assert worker_status(stack, SINGLE)["group"] is None
     health = {w["name"]: w for w in stack.get("/health").json()["inference"]["workers"]}
@@ -128,7 +142,7 @@ def test_a_group_is_one_slot_and_makes_the_same_shot_as_one_device(stack):
 
 
 def test_kill_9_of_a_rank_restarts_the_group_and_the_run_resumes(stack):
-    before = worker_status(stack, GROUP)
+    before = group_ready(stack)
     # Long enough to be caught mid-denoise on the group (two jobs: each worker takes one).
     slow = {"num_inference_steps": 60, "num_frames": 33}
     versions = [submit(stack, f"long{i}", **slow) for i in range(2)]
@@ -156,7 +170,7 @@ def test_kill_9_of_a_rank_restarts_the_group_and_the_run_resumes(stack):
 
 
 def test_a_run_cancelled_mid_denoise_stops_every_rank_and_the_group_goes_on(stack):
-    before = worker_status(stack, GROUP)
+    before = group_ready(stack)
     versions = [submit(stack, f"cancel{i}", num_inference_steps=60, num_frames=33) for i in range(2)]
 
     run_id = wait_for_group_busy(stack, versions)["run_id"]
@@ -177,7 +191,7 @@ def test_a_run_cancelled_mid_denoise_stops_every_rank_and_the_group_goes_on(stac
 def test_kill_9_of_rank_0_takes_its_ranks_down_and_the_group_comes_back(stack):
     import psutil
 
-    before = worker_status(stack, GROUP)
+    before = group_ready(stack)
     followers = before["group"]["follower_pids"]
     # Two jobs: each worker takes one.
     versions = [submit(stack, f"rank0-{i}", num_inference_steps=60, num_frames=33) for i in range(2)]

@@ -33,6 +33,7 @@ RETRY_GRACE_S = 120.0  # a failed run marked will_retry whose retry never appear
 _RUNNING = {"STARTING", "STARTED", "CANCELING"}
 _MOVING = ("STARTING", "STARTED", "CANCELING", "SUCCESS", "FAILURE", "CANCELED")  # not waiting
 _FAILED = {"FAILURE", "CANCELED"}
+_ENDING_STAGE = {"SUCCESS": stages.SUCCEEDED, "FAILURE": stages.FAILED, "CANCELED": stages.CANCELED}
 
 
 def api_status(run_status: str, stage: str) -> str:
@@ -147,6 +148,11 @@ class Tracker:
             # device worker of the run that made the shot stay as they were.
             return {**(job.live.as_json() if job.live else {}), "run_status": run.status}
         state = self._run_state(run)
+        ending = _ENDING_STAGE.get(run.status)
+        if ending is not None and ending not in state.stage_times and run.end_time:
+            # The worker stamps a run's last stage after Dagster records its end: one read between
+            # the two would leave the job without it for good (its follow-ups' events are not read).
+            state.stage_times[ending] = run.end_time
         times = {s: state.stage_times[s] for s in stages.ORDER if s in state.stage_times}
         live: dict[str, Any] = {"run_status": run.status, "stage_times": times}
         if state.progress is not None:
