@@ -41,6 +41,9 @@ GPU_TAG = HIDDEN + "gpu"  # runs carrying it go to a device worker (and count ag
 MEDIA_TAG = HIDDEN + "media"  # runs carrying it go to a media worker (and count against the media limit)
 POOL_TAGS = {"device": GPU_TAG, "media": MEDIA_TAG}
 BOOT_TAG = HIDDEN + "worker_boot_id"
+# The boot id a run's binding reads while a takeover looks for a worker (+ when it began): the dead
+# worker's binding is revoked at once, so if it wakes it finds its run gone at its next write.
+TAKEOVER_BOOT = "takeover@"
 PID_TAG = HIDDEN + "worker_pid"
 LAUNCHED_AT_TAG = HIDDEN + "launched_at"  # launch order, in the daemon's (serial) dequeue order
 LOADS_TAG = HIDDEN + "runtime_loads"  # weight loads of the worker process after the run

@@ -46,6 +46,7 @@ from contracts.tags import (
 )
 from orchestration.queue_control import QueueControl
 from orchestration.registry import WorkerRegistry
+from orchestration.storage import patiently
 
 # A run entering or leaving these is what can change a dequeue's outcome.
 _WATCHED = (
@@ -68,11 +69,13 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
         dequeue_interval_seconds: float | None = None,
         state_dir: str | None = None,
         heartbeat_timeout_seconds: float | None = None,
+        storage_outage_seconds: float = 0.0,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self._control = QueueControl(state_dir) if state_dir else None
         self._heartbeat_timeout = heartbeat_timeout_seconds  # None: the YAML's limits as they are
+        self._storage_patience = storage_outage_seconds
         self._was_paused: bool | None = None
         self._limits: dict[str, int] = {}  # pool tag -> limit, as of the last dequeue
         self._told_paused: set[str] = set()  # queued runs told about the current pause
@@ -82,10 +85,18 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
             self._dequeue_interval_seconds = float(dequeue_interval_seconds)  # type: ignore[assignment]
 
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
+        """Queue the run (or cancel a duplicate). Dagster fails a run whose submission raised, so
+        the storage going away meanwhile is waited out (each part is safe to do again: a run already
+        queued is not queued twice)."""
         run = context.dagster_run
-        if cancel_if_duplicate(self._instance, run) is None:
-            return super().submit_run(context)
-        return self._instance.get_run_by_id(run.run_id) or run
+
+        def submit() -> DagsterRun:
+            if cancel_if_duplicate(self._instance, run) is None:
+                return super(DeviceRunCoordinator, self).submit_run(context)
+            return self._instance.get_run_by_id(run.run_id) or run
+
+        what = f"Dagster's storage unavailable queueing run {run.run_id}"
+        return patiently(submit, self._storage_patience, what)
 
     @property
     def dequeue_interval_seconds(self) -> float:  # type: ignore[override]
@@ -205,6 +216,7 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
         if config_value.get("state_dir"):
             coordinator._control = QueueControl(config_value["state_dir"])
         coordinator._heartbeat_timeout = config_value.get("heartbeat_timeout_seconds")
+        coordinator._storage_patience = config_value.get("storage_outage_seconds", 0.0)
         return coordinator
 
     @classmethod
@@ -226,6 +238,12 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
                 Float,
                 is_required=False,
                 description="Pool limits follow the workers alive in the registry (silent this long: dead).",
+            ),
+            "storage_outage_seconds": Field(
+                Float,
+                is_required=False,
+                description="How long a submission waits for Dagster's storage while it cannot take "
+                "writes (a submission that raised would fail its run).",
             ),
         }
 

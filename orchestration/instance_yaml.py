@@ -33,6 +33,7 @@ def dagster_yaml(cfg: ServerConfig) -> dict[str, Any]:
                 "state_dir": str(cfg.state_dir),  # queue control (pause, priorities) lives there
                 # The pools' limits follow the workers alive in the registry, on every host.
                 "heartbeat_timeout_seconds": cfg.runtime.heartbeat_timeout_seconds,
+                "storage_outage_seconds": cfg.runtime.storage_outage_seconds,
                 # One limit per pool, on the key (not per value): any free worker of the pool
                 # takes its oldest run. A device group is one worker: one slot.
                 "tag_concurrency_limits": [
@@ -47,6 +48,7 @@ def dagster_yaml(cfg: ServerConfig) -> dict[str, Any]:
             "config": {
                 "state_dir": str(cfg.state_dir),
                 "heartbeat_timeout_seconds": cfg.runtime.heartbeat_timeout_seconds,
+                "storage_outage_seconds": cfg.runtime.storage_outage_seconds,
             },
         },
         "run_monitoring": {

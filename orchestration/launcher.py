@@ -45,9 +45,11 @@ from contracts.tags import (
     LAUNCHED_AT_TAG,
     PID_TAG,
     POOL_TAGS,
+    TAKEOVER_BOOT,
     WORKER_TAG,
 )
 from orchestration.registry import WorkerRecord, WorkerRegistry
+from orchestration.storage import patiently
 from resources import run_state
 from shotloom import stages
 
@@ -115,6 +117,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         launch_timeout_seconds: int = 300,
         request_timeout_seconds: int = 5,
         heartbeat_timeout_seconds: float = 15,
+        storage_outage_seconds: float = 300,
         inst_data: ConfigurableClassData | None = None,
     ):
         self._inst_data = inst_data
@@ -122,6 +125,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         self.launch_timeout = launch_timeout_seconds
         self.request_timeout = request_timeout_seconds
         self.heartbeat_timeout = heartbeat_timeout_seconds
+        self.storage_patience = storage_outage_seconds
         self._default: DefaultRunLauncher | None = None
         super().__init__()
 
@@ -148,6 +152,13 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
                 is_required=False,
                 default_value=15.0,
                 description="A worker whose heartbeat is older than this is dead (its runs move on).",
+            ),
+            "storage_outage_seconds": Field(
+                Float,
+                is_required=False,
+                default_value=300.0,
+                description="How long a launch or a takeover waits for Dagster's storage while it cannot "
+                "take writes (a launch that raised would fail its run).",
             ),
         }
 
@@ -233,12 +244,33 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         )
 
     def _bind(self, run: DagsterRun, resume: bool, pool: str) -> None:
-        record = self._dispatch(run, resume, pool)
+        """Bind the run to a worker; Dagster's storage going away meanwhile (PostgreSQL restarting)
+        is waited out, not raised: Dagster fails a run whose launch or resume raised. Everything
+        before an offer is safe to do again, and nothing after an accepted one touches the storage."""
+        record = self._patiently(lambda: self._dispatch(run, resume, pool), f"binding run {run.run_id}")
         verb = "Resumed" if resume else "Launched"
-        self._instance.report_engine_event(
-            f"{verb} run on {pool} worker {record.name} ({record.device}, pid {record.pid})",
-            run,
-            cls=self.__class__,
+        self._patiently(
+            lambda: self._instance.report_engine_event(
+                f"{verb} run on {pool} worker {record.name} ({record.device}, pid {record.pid})",
+                run,
+                cls=self.__class__,
+            ),
+            f"recording the binding of run {run.run_id}",
+        )
+
+    def _patiently(self, attempt, what: str):
+        return patiently(attempt, self.storage_patience, f"Dagster's storage unavailable while {what}")
+
+    def _revoke(self, run: DagsterRun) -> None:
+        """A takeover takes the run from its dead worker at once, before it waits for an idle one: a
+        worker that was only stopped or cut off and wakes meanwhile finds the run bound to no worker
+        of its own at its next write, and fences itself (orchestration.worker.fence), rather than
+        finish a run another worker is about to run again."""
+        self._patiently(
+            lambda: self._instance.add_run_tags(
+                run.run_id, {WORKER_TAG: "", BOOT_TAG: f"{TAKEOVER_BOOT}{time.time():.3f}", PID_TAG: ""}
+            ),
+            f"taking run {run.run_id} from its worker",
         )
 
     # -- RunLauncher --------------------------------------------------------
@@ -259,6 +291,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         pool = run_pool(run)
         if pool is None:
             raise NotImplementedError("only runs of a worker pool can be resumed")
+        self._revoke(run)
         self._bind(run, resume=True, pool=pool)
 
     def terminate(self, run_id: str) -> bool:
@@ -298,6 +331,13 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             # The stock launcher cannot be asked either; leave such runs to the runtime limit.
             return CheckRunHealthResult(WorkerStatus.RUNNING, "not a worker-pool run")
         name, boot_id = run.tags.get(WORKER_TAG), run.tags.get(BOOT_TAG)
+        if boot_id and boot_id.startswith(TAKEOVER_BOOT):
+            # Taken from a dead worker by a takeover (resume_run) still looking for an idle one; one
+            # that outlived every wait of a launch was cut short (the daemon died): resume it again.
+            began = float(boot_id[len(TAKEOVER_BOOT) :] or 0)
+            if time.time() - began < self.launch_timeout + self.storage_patience + self.heartbeat_timeout:
+                return CheckRunHealthResult(WorkerStatus.RUNNING, "being taken over", transient=True)
+            return CheckRunHealthResult(WorkerStatus.FAILED, "its takeover stopped before a worker took it")
         if not name or not boot_id:
             return CheckRunHealthResult(WorkerStatus.RUNNING, "being bound to a worker", transient=True)
         record = self._record(name)

@@ -133,6 +133,14 @@ def _patiently(
         wait = min(wait * 2, 2.0)
 
 
+def patiently(attempt: Callable[[], T], patience_s: float, what: str) -> T:
+    """``attempt()``, tried again while Dagster's storage cannot take it for a reason that passes
+    (:func:`storage_outage`), for up to ``patience_s``. For the control plane's own calls whose
+    failure Dagster turns into a failed run (a launch, a resume, a submission that raised marks
+    the run failed, with no word of why): a database restarting is waited out instead."""
+    return _patiently(attempt, patience_s, storage_outage, what)
+
+
 _gave_up = [-math.inf]  # when a call of this process last gave up waiting (time.perf_counter())
 
 
@@ -142,7 +150,7 @@ def gave_up_since(started: float) -> bool:
     return _gave_up[0] > started
 
 
-def wait_out_postgres_outages(patience_s: float, gate: Callable[[], None] | None = None) -> None:
+def wait_out_postgres_outages(patience_s: float) -> None:
     """Make this process's Dagster PostgreSQL storages wait for the server up to ``patience_s``.
 
     Every connection they open (NullPool: one per operation) goes through
@@ -150,8 +158,7 @@ def wait_out_postgres_outages(patience_s: float, gate: Callable[[], None] | None
     worker running a run would then fail it at its next event when PostgreSQL restarts or fails
     over, and could not even record that. With this, the run's next write (a stage, a step's end,
     its outcome) waits for the server instead, and the run goes on where it was. Only the module's
-    name is replaced: the storages look it up at each connection (dagster is pinned exactly).
-    ``gate``: called with each new connection made, before it is used (the worker's fence)."""
+    name is replaced: the storages look it up at each connection (dagster is pinned exactly)."""
     import sqlalchemy
     from dagster_postgres import utils
 
@@ -159,20 +166,13 @@ def wait_out_postgres_outages(patience_s: float, gate: Callable[[], None] | None
 
     def patient(fn, retry_limit: int = 5, retry_wait: float = 0.2):  # Dagster's signature
         try:
-            connection = _patiently(
+            return _patiently(
                 fn, patience_s, lambda exc: isinstance(exc, unreachable), "Dagster's PostgreSQL unreachable"
             )
         except unreachable as exc:
             raise utils.DagsterPostgresException(
                 f"PostgreSQL unreachable for more than {patience_s:g} s"
             ) from exc
-        if gate is not None:
-            try:
-                gate()
-            except BaseException:
-                connection.close()
-                raise
-        return connection
 
     utils.retry_pg_connection_fn = patient
 
@@ -218,7 +218,7 @@ def _run_calls(storage: Any, storage_name: str) -> list[str]:
     return [*_RUN_WRITES[storage_name], *reads]
 
 
-def retry_run_writes(instance: Any, patience_s: float) -> None:
+def retry_run_writes(instance: Any, patience_s: float, gate: Callable[[], None] | None = None) -> None:
     """Retry this process's run writes (and reads) to Dagster's storage while they fail for a
     reason that passes, for up to ``patience_s``: on PostgreSQL, a connection dropped in the middle
     of a call (a restart: :func:`wait_out_postgres_outages` waits at the next connect, but a
@@ -228,11 +228,16 @@ def retry_run_writes(instance: Any, patience_s: float) -> None:
     call is tried again (on a new connection) until it goes through. A write the database refused
     for what it says (a constraint, bad SQL) fails as it would have. The rare write that committed
     just before the connection dropped is recorded twice (an event seen twice; nothing is executed
-    again)."""
+    again). ``gate``: called before each try of a write (the worker's fence, which may exit)."""
 
-    def patient(call, retryable, what):
+    def patient(call, retryable, what, gated):
+        def attempt(*args, **kwargs):
+            if gated:
+                gate()
+            return call(*args, **kwargs)
+
         def retried(*args, **kwargs):
-            return _patiently(lambda: call(*args, **kwargs), patience_s, retryable, what)
+            return _patiently(lambda: attempt(*args, **kwargs), patience_s, retryable, what)
 
         return retried
 
@@ -243,4 +248,5 @@ def retry_run_writes(instance: Any, patience_s: float) -> None:
         else:  # SQLite: a lock held past the busy timeout is not waited out here, a full disk is
             retryable, what = out_of_room, "no room to write Dagster's storage"
         for method in _run_calls(storage, storage_name):
-            setattr(storage, method, patient(getattr(storage, method), retryable, what))
+            gated = gate is not None and method in _RUN_WRITES[storage_name]
+            setattr(storage, method, patient(getattr(storage, method), retryable, what, gated))

@@ -65,7 +65,13 @@ def stack(tmp_path_factory, wan_checkpoint) -> Iterator[Stack]:
         port,
         inference,
         monitoring={"poll_interval_seconds": 1},
-        runtime={"orphan_scan_seconds": 1, "handover_grace_seconds": 3},
+        # A frozen worker is declared dead within seconds (the test that stops one waits that out).
+        runtime={
+            "orphan_scan_seconds": 1,
+            "handover_grace_seconds": 3,
+            "heartbeat_seconds": 1,
+            "heartbeat_timeout_seconds": 5,
+        },
     )
     stack = start_stack(config, state, port)
     try:
@@ -269,3 +275,58 @@ def test_run_marked_starting_but_never_bound_is_taken_by_an_idle_worker(stack):
         assert claim == {CLAIM_PREFIX + run_id: tags[WORKER_TAG]}
     finally:
         daemon.resume()
+
+
+def test_a_worker_stopped_past_its_heartbeat_timeout_wakes_to_find_its_run_taken_and_writes_nothing(stack):
+    """A worker frozen (SIGSTOP: a swapping host, a debugger) past the heartbeat timeout is declared
+    dead and its run taken over; the other worker is busy, so the takeover waits for it. The
+    frozen worker wakes meanwhile: it must not finish the run the other worker then runs again
+    (the fault soak saw a step run twice so). It finds the run taken at its next write, exits
+    before it, and comes back as a fresh worker; the run succeeds once, each step once."""
+    from contracts.tags import TAKEOVER_BOOT
+
+    _wait_for(lambda: _all_idle(stack), 60, "idle workers", interval=0.3)
+    frozen_run = first_submit(stack, "frozen", **LONG)
+    other_run = stack.submit("busy", **LONG)  # keeps the other worker busy past the takeover
+    with stack.instance() as instance:
+
+        def both_running():
+            runs = [instance.get_run_by_id(r) for r in (frozen_run, other_run)]
+            bound = all(r.status == DagsterRunStatus.STARTED and r.tags.get(PID_TAG) for r in runs)
+            return runs if bound else None
+
+        run, other = _wait_for(both_running, 90, "both runs started, one per worker")
+        name, boot = run.tags[WORKER_TAG], run.tags[BOOT_TAG]
+        assert other.tags[WORKER_TAG] != name
+        worker = psutil.Process(int(run.tags[PID_TAG]))
+        _suspend_outside_transactions(worker, stack)
+        try:
+
+            def revoked():
+                tags = instance.get_run_by_id(frozen_run).tags
+                return tags if tags.get(BOOT_TAG, "").startswith(TAKEOVER_BOOT) else None
+
+            # Declared dead (heartbeat timeout 5 s, monitoring every second): the takeover takes
+            # the run from it at once, before any worker is idle to take it.
+            _wait_for(revoked, 40, "the takeover to take the run from the frozen worker")
+            assert not instance.get_run_by_id(other_run).is_finished, "the other worker was meant to be busy"
+        finally:
+            worker.resume()
+
+        def fresh():
+            status = stack.workers().get(name)
+            return status if status and status["boot_id"] != boot else None
+
+        _wait_for(fresh, 90, f"{name} back as a fresh worker")
+        assert stack.wait_stored([frozen_run, other_run], timeout=180) == [DagsterRunStatus.SUCCESS] * 2
+        log = (stack.state / "logs" / f"worker-{name}.log").read_text(errors="replace")
+        assert f"{name}: fenced" in log, log[-4000:]
+        assert f"worker-{name} exited with 75; restarting" in stack.log()
+        final = instance.get_run_by_id(frozen_run)
+        assert final.tags[BOOT_TAG] not in (boot,) and not final.tags[BOOT_TAG].startswith(TAKEOVER_BOOT)
+        successes = [e.step_key for e in instance.all_logs(frozen_run, of_type=DagsterEventType.STEP_SUCCESS)]
+        assert sorted(successes) == sorted(set(successes)), successes  # each step once
+        assert {"condition_op", "denoise_op", "decode_op", "write_op"} <= set(successes), successes
+        assert len(instance.all_logs(frozen_run, of_type=DagsterEventType.RUN_SUCCESS)) == 1
+    media = stack.state / "media" / "r2v" / "w" / "frozen"
+    assert [p.parent.name for p in media.glob("*/output.mp4")] == [frozen_run]

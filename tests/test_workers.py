@@ -343,6 +343,35 @@ def test_health_check_answers_from_the_worker_registry(tmp_path):
         assert registry.claim("run-1", "a-cpu-0") and not registry.claim("run-1", "b-cpu-0")
 
 
+def test_a_takeover_takes_the_run_from_its_dead_worker_before_it_waits_for_an_idle_one(tmp_path):
+    """A dead worker's run is revoked when the takeover is decided, not when an idle worker is
+    found: a worker that was only stopped and wakes meanwhile must find the run no longer its own
+    (its fence reads the binding: orchestration.worker.fence), or it finishes the run another
+    worker then runs again (the fault soak saw a step run twice so)."""
+    from dagster import instance_for_test
+    from dagster._core.launcher import ResumeRunContext, WorkerStatus
+    from dagster._core.test_utils import create_run_for_test
+
+    from contracts.tags import TAKEOVER_BOOT, run_owner
+
+    launcher = DeviceRunLauncher(state_dir=str(tmp_path), request_timeout_seconds=1, launch_timeout_seconds=1)
+    with instance_for_test() as instance:
+        launcher.register_instance(instance)
+        bound = {GPU_TAG: "1", WORKER_TAG: "cpu-1", BOOT_TAG: "boot-stopped"}
+        run = create_run_for_test(instance, job_name="r2v", status=DagsterRunStatus.STARTED, tags=bound)
+        with pytest.raises(RuntimeError, match="no idle device worker"):  # none idle within its wait
+            launcher.resume_run(ResumeRunContext(dagster_run=run, workspace=None))
+        owner = run_owner(instance.get_run_by_id(run.run_id).tags)
+        assert owner[0] == "" and owner[1].startswith(TAKEOVER_BOOT)  # no worker's any more
+        # Run monitoring reads a takeover in flight as such, and one that outlived every wait (its
+        # daemon died mid-takeover) as failed: it is resumed again, never left unbound.
+        taken = instance.get_run_by_id(run.run_id)
+        assert launcher.check_run_worker_health(taken).status == WorkerStatus.RUNNING
+        stale = {**taken.tags, BOOT_TAG: f"{TAKEOVER_BOOT}{time.time() - 3600:.3f}"}
+        result = launcher.check_run_worker_health(taken.with_tags(stale))
+        assert result.status == WorkerStatus.FAILED and "takeover" in result.msg
+
+
 # -- slow: the whole stack -----------------------------------------------------
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, wan_checkpoint) -> Iterator[Stack]:

@@ -1,22 +1,23 @@
-"""Fencing a worker that was cut off: once its heartbeat has failed for longer than the heartbeat
-timeout, the control plane may have declared it dead and resumed its run on another worker. Dagster's
-storage takes any writer's events (no fencing token), so the worker fences itself: every new
-connection it opens to the storage (:func:`orchestration.storage.wait_out_postgres_outages`) first
-passes :meth:`Fence.check`, which, while the worker's beats are stale (and for one more timeout after
-they resume, the time a takeover decided just before takes to rebind the run), reads who owns its
-run now. Still this worker (the storage was away for everyone, and judges do not count that:
-``orchestration.registry``): it goes on. Another worker: it exits at once, before the write, and
-its supervisor starts it again as a fresh worker (a new boot id). Its late results are never
-recorded: one outcome, one MP4 indexed, one callback per job.
+"""Fencing a worker that was cut off or stopped: once its heartbeat has failed for longer than the
+heartbeat timeout, the control plane may have declared it dead and resumed its run on another
+worker. Dagster's storage takes any writer's events (no fencing token), so the worker fences itself:
+every write of a run it makes (:func:`orchestration.storage.retry_run_writes`) first passes
+:meth:`Fence.check`. Once the worker's beats were silent for long (half the timeout: see
+:data:`WATCH_AFTER`), the check reads who owns its run now, at every write until the first one more
+than a timeout after the silence ended (a takeover decided just before takes a moment to revoke the
+run; a run computing all that time is checked at its first write after). A takeover revokes the
+dead worker's binding as soon as it is decided (``DeviceRunLauncher.resume_run``), before it looks
+for an idle worker. Still this worker (the storage was away for everyone, and judges do not count
+that: ``orchestration.registry``): it goes on. Anyone else, or no worker: it exits at once, before
+the write, and its supervisor starts it again as a fresh worker (a new boot id). Its late results
+are never recorded: one outcome, one MP4 indexed, one callback per job.
 
-Left open: a statement already in flight on a connection opened before the cut is not re-checked
-(NullPool: a connection is one operation's, so that is one write at most)."""
+Left open: a write already past its check when the run is revoked is made (one write at most)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -25,42 +26,53 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shotloom.worker")
 FENCED_EXIT = 75  # EX_TEMPFAIL: the supervisor restarts the worker (a fresh boot id)
+# A silence longer than this part of the heartbeat timeout opens the watch. Not the whole timeout:
+# the judge measures from the beat's stamp, taken before its write, and on another host's clock; a
+# worker that wakes just after being judged dead can see a gap slightly under the timeout.
+WATCH_AFTER = 0.5
 
 
 class Fence:
     def __init__(self, worker: Worker):
         self.worker = worker
         self.last_beat = time.time()  # the last heartbeat the storage took
-        self._watch_until = 0.0  # keep checking until then (one timeout after the beats resume)
-        self._checking = threading.local()  # the check's own connection is not checked again
+        self._watching = False  # a silence was seen: every write checks, until one past _watch_until
+        self._watch_until = 0.0  # one timeout after the beats resumed
 
-    def beat(self) -> None:
-        self.last_beat = time.time()
+    def beat(self, stamp: float) -> None:
+        """A heartbeat the storage took, stamped ``stamp`` (what judges go by). One after a long
+        silence (the process was stopped, or cut off) opens the watch too: the next write may be
+        the first since."""
+        self._note_gap(time.time())
+        self.last_beat = stamp
+
+    def _note_gap(self, now: float) -> None:
+        timeout = self.worker.runtime_cfg.heartbeat_timeout_seconds
+        if now - self.last_beat > timeout * WATCH_AFTER:
+            self._watching = True
+            self._watch_until = max(self._watch_until, now + timeout)
 
     def check(self) -> None:
-        """At each new storage connection: exit if the worker's run has gone to another worker."""
-        timeout = self.worker.runtime_cfg.heartbeat_timeout_seconds
+        """Before each write of a run: exit if the worker's run is no longer its own."""
         now = time.time()
-        if now - self.last_beat > timeout:
-            self._watch_until = now + timeout
-        if now > self._watch_until or getattr(self._checking, "on", False):
+        self._note_gap(now)
+        if not self._watching:
             return
         run_id = self.worker.run_id or self.worker.pending_run_id
         if run_id is None:
             return  # nothing to fence: it rejoins with its next beat
-        self._checking.on = True
-        try:
-            owner = self._owner(run_id)
-        finally:
-            self._checking.on = False
+        owner = self._owner(run_id)
+        # Watched until a write past the window found the run still its own: a run computing for
+        # longer than the window after the wake (no write meanwhile) is checked at its next write.
+        self._watching = now <= self._watch_until
         if owner is not None and owner != (self.worker.name, self.worker.boot_id):
+            name, boot = owner
             log.error(
-                "%s: fenced: cut off for %.0f s, its run %s now belongs to %s (boot %s); exiting "
+                "%s: fenced: silent past its heartbeat timeout, its run %s now belongs to %s; exiting "
                 "before writing anything more, to come back as a fresh worker",
                 self.worker.name,
-                now - self.last_beat,
                 run_id,
-                *owner,
+                f"{name} (boot {boot})" if name else "a takeover looking for an idle worker",
             )
             logging.shutdown()
             os._exit(FENCED_EXIT)

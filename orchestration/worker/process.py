@@ -56,12 +56,12 @@ class Worker:
         self.state_dir, self.warm = state_dir, warm
         self.runtime_cfg: RuntimeConfig = runtime_cfg or RuntimeConfig()
         self.fence = Fence(self)  # a worker cut off past its heartbeat timeout writes nothing more
-        wait_out_postgres_outages(self.runtime_cfg.storage_outage_seconds, gate=self.fence.check)
+        wait_out_postgres_outages(self.runtime_cfg.storage_outage_seconds)
         self.admission_plan: dict[str, Any] | None = None
         self.residency: dict[str, Any] | None = None
         self.boot_id = uuid.uuid4().hex
         self.instance = DagsterInstance.get()
-        retry_run_writes(self.instance, self.runtime_cfg.storage_outage_seconds)
+        retry_run_writes(self.instance, self.runtime_cfg.storage_outage_seconds, gate=self.fence.check)
         self.lock = threading.Lock()
         self.state = "starting"  # starting -> warming -> idle <-> busy -> stopping
         self.run_id: str | None = None
@@ -152,8 +152,8 @@ class Worker:
             time.sleep(self.runtime_cfg.heartbeat_seconds)
             caps = next((r["capabilities"] for r in runtimes_snapshot() if r["capabilities"]), None)
             try:
-                registry.publish(dataclasses.replace(record, capabilities=caps))
-                self.fence.beat()
+                published = registry.publish(dataclasses.replace(record, capabilities=caps))
+                self.fence.beat(published.heartbeat)
             except Exception:  # storage busy: the next beat tries again (the timeout allows several)
                 log.exception("%s: heartbeat failed", self.name)
 
@@ -179,8 +179,7 @@ class Worker:
                 start_group(self, self.group_spec)
         registry = WorkerRegistry(self.instance.run_storage)
         record = WorkerRecord(self.name, self.url, os.getpid(), self.boot_id, self.device, self.pool)
-        registry.publish(record)
-        self.fence.beat()
+        self.fence.beat(registry.publish(record).heartbeat)
         threading.Thread(target=self._heartbeat, args=(registry, record), daemon=True).start()
         log.info("%s (%s, pid %d) at %s boot %s", self.name, self.device, os.getpid(), self.url, self.boot_id)
         try:
