@@ -26,6 +26,9 @@ shot: install
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q
+	# The single-process tests two at a time (pytest-xdist); the whole-service ones (slow), whose
+	# heartbeats and timeouts measure time, alone.
+	$(BIN)/python -m pytest -q -m "not slow" -n 2
+	$(BIN)/python -m pytest -q -m slow
 
 .PHONY: install run shot test

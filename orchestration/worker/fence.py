@@ -61,7 +61,16 @@ class Fence:
         run_id = self.worker.run_id or self.worker.pending_run_id
         if run_id is None:
             return  # nothing to fence: it rejoins with its next beat
-        owner = self._owner(run_id)
+        try:
+            owner = self._owner(run_id)
+        except Exception as exc:  # the storage busy or away: the write meets it too; the next one checks
+            log.warning(
+                "%s: could not read who owns run %s (checked at the next write): %s",
+                self.worker.name,
+                run_id,
+                exc,
+            )
+            return
         # Watched until a write past the window found the run still its own: a run computing for
         # longer than the window after the wake (no write meanwhile) is checked at its next write.
         self._watching = now <= self._watch_until
