@@ -28,7 +28,7 @@ test: install
 	$(BIN)/ruff format --check .
 	# The single-process tests two at a time (pytest-xdist); the whole-service ones (slow), whose
 	# heartbeats and timeouts measure time, alone.
-	$(BIN)/python -m pytest -q -m "not slow" -n 2
+	$(BIN)/python -m pytest -q -m "not slow" -n 2 --dist loadfile
 	$(BIN)/python -m pytest -q -m slow
 
 .PHONY: install run shot test

@@ -30,8 +30,6 @@ from shotloom.media import probe, read_frames
 
 from api_stack import ApiStack, start_api_stack, stop_api_stack, wait_for
 
-pytestmark = pytest.mark.slow
-
 MODEL = "wan-test"
 KEY = "sk-test-0123456789"  # the stack runs with API keys: every request below carries one
 
@@ -1183,6 +1181,7 @@ def test_a_native_model_samples_the_steps_and_guidance_a_request_asks_for(client
 
 
 # -- what only real worker processes show ------------------------------------------------------------
+@pytest.mark.slow  # the whole service (server.py): run alone
 class TestOnWorkerProcesses:
     """On the whole stack started by server.py (2 CPU workers): a worker that survives a cancel
     with its model loaded, and each worker's own weight loads."""

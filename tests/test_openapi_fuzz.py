@@ -34,8 +34,6 @@ from schemathesis.specs.openapi.checks import (
 
 from api_stack import ApiStack, start_api_stack, stop_api_stack, wait_for
 
-pytestmark = pytest.mark.slow
-
 QUEUE_FULL_R2V = ("/r2v", "/merge")
 
 
