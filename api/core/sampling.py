@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.core.records import JobRecord, JobResult
+from contracts.runs import ShotConfig
 from settings.api import SamplingLimits
 from shotloom.capabilities import CapabilityError, check_step_cache, check_steps
 from shotloom.config import NO_STEP_CACHE, Performance, Sampler
@@ -123,12 +124,13 @@ def dit_calls(steps: int, guidance: float) -> int:
 RuleFor = Callable[[str | None], SamplingRule]  # adapter name (or None) -> its rule (JobService.sampling)
 
 
-def job_sampling(job: JobRecord, rule_for: RuleFor) -> dict[str, Any] | None:
+def job_sampling(job: JobRecord, rule_for: RuleFor, shot: ShotConfig | None = None) -> dict[str, Any] | None:
     """The sampler mode, steps, guidance and step cache a shot job runs with (None for a merge):
     what its run recorded once it succeeded (the shot's materialization), else its request as
     resolved (what it asked, else the default of its adapter's sampler, or the model's; the step
-    cache: the model's default, else none)."""
-    shot = job.request.shot
+    cache: the model's default, else none). ``shot``: the job's shot where the caller read it
+    already (reading it validates the stored config: a view renders often)."""
+    shot = shot or job.request.shot
     if shot is None:
         return None
     result = job.result or JobResult()

@@ -569,7 +569,7 @@ class VideoServing:
     def video(self, job: JobRecord, position: int | None = None) -> Video:
         shot = job.request.shot
         client = job.request.client
-        sampling = job_sampling(job, self.jobs.sampling) or {}
+        sampling = job_sampling(job, self.jobs.sampling, shot) or {}
         steps = sampling.get("num_inference_steps")
         progress, step = _progress(job, steps)
         live = job.live or JobLive()
@@ -582,7 +582,7 @@ class VideoServing:
         elif before_frames and frames:
             frames += before_frames  # an extension: the stitched whole
         phase = "completed" if job.status == "succeeded" else job.stage
-        eta = self._eta(job, position)
+        eta = self._eta(job, position, sampling)
         worker = (live.worker or {}).get("name")
         peak = result.peak_memory_mb  # measured by the worker when it wrote the MP4
         file_name = Path(result.media_path).name if result.media_path else None
@@ -627,12 +627,12 @@ class VideoServing:
             ),
         )
 
-    def _eta(self, job: JobRecord, position: int | None) -> float | None:
-        """From the measured stage times of earlier jobs (see :func:`api.core.timing.eta_s`)."""
+    def _eta(self, job: JobRecord, position: int | None, sampling: dict[str, Any]) -> float | None:
+        """From the measured stage times of earlier jobs (see :func:`api.core.timing.eta_s`) and
+        the job's own ``sampling`` (:func:`api.core.sampling.job_sampling`)."""
         if job.status not in ("queued", "running"):
             return 0.0 if job.status == "succeeded" else None
         medians, per_call, whole = self.timing()
-        sampling = job_sampling(job, self.jobs.sampling) or {}
         steps, guidance = sampling.get("num_inference_steps"), sampling.get("guidance_scale")
         if per_call is not None and stages.INFERRING in medians and steps and guidance is not None:
             # Denoising costs this job's own DiT calls (its steps, doubled by guidance).
