@@ -200,7 +200,9 @@ def wait_ready(stack: ApiStack, timeout: float = 150, interval: float = 1) -> Ap
     try:
         wait_for(ready, timeout, "the service to be ready", interval=interval)
     except AssertionError:
-        raise AssertionError(stack.log() + stack.log("api")) from None
+        logs = stack.log() + stack.log("api")
+        stop_server(stack.proc, grace=10)  # a stack that never came up must not load the tests after
+        raise AssertionError(logs) from None
     return stack
 
 

@@ -232,7 +232,9 @@ def start_stack(config: Path, state: Path, port: int, workers: int = 2) -> Stack
         if up and len(states) == workers and all(w["state"] == "idle" for w in states.values()):
             return stack
         time.sleep(1)
-    raise AssertionError("stack did not come up\n" + stack.log() + stack.log("webserver"))
+    logs = stack.log() + stack.log("webserver")
+    stop_server(proc, grace=10)  # a stack that never came up must not load the tests after it
+    raise AssertionError("stack did not come up\n" + logs)
 
 
 def stop_server(proc: subprocess.Popen, grace: float = 60) -> None:
