@@ -266,12 +266,15 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         worker that was only stopped or cut off and wakes meanwhile finds the run bound to no worker
         of its own at its next write, and fences itself (orchestration.worker.fence), rather than
         finish a run another worker is about to run again."""
-        self._patiently(
-            lambda: self._instance.add_run_tags(
+
+        def revoke() -> None:
+            if run.tags.get(BOOT_TAG):
+                self.registry.revoke(run.run_id, run.tags[BOOT_TAG])
+            self._instance.add_run_tags(
                 run.run_id, {WORKER_TAG: "", BOOT_TAG: f"{TAKEOVER_BOOT}{time.time():.3f}", PID_TAG: ""}
-            ),
-            f"taking run {run.run_id} from its worker",
-        )
+            )
+
+        self._patiently(revoke, f"taking run {run.run_id} from its worker")
 
     # -- RunLauncher --------------------------------------------------------
     def launch_run(self, context: LaunchRunContext) -> None:

@@ -28,6 +28,7 @@ INDEX_KEY = "shotloom/workers"
 NO_ROOM_BYTES = 1 << 20
 RECORD_PREFIX = "shotloom/worker/"
 CLAIM_PREFIX = "shotloom/claim/"
+REVOKED_PREFIX = "shotloom/revoked/"  # + run id: the boot id a takeover took the run from
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,16 @@ class WorkerRegistry:
         values = self._read(keys) if keys else {}
         parsed = (WorkerRecord.parse(v) for v in values.values())
         return sorted((r for r in parsed if r is not None and pool in (None, r.pool)), key=lambda r: r.name)
+
+    def revoke(self, run_id: str, boot_id: str) -> None:
+        """Record that a takeover took ``run_id`` from the worker boot ``boot_id``. Kept apart from
+        the run's tags, which are written read-modify-write: a woken worker's write in flight can
+        put its old binding back there, never here (its fence reads both)."""
+        self.storage.set_cursor_values({REVOKED_PREFIX + run_id: boot_id})
+
+    def revoked_from(self, run_id: str) -> str | None:
+        """The boot id the last takeover of ``run_id`` took it from (None: never taken over)."""
+        return self._read({REVOKED_PREFIX + run_id}).get(REVOKED_PREFIX + run_id)
 
     def claim(self, run_id: str, owner: str) -> bool:
         """Exclusive across hosts: True for exactly one worker asking to take ``run_id`` (an INSERT

@@ -146,7 +146,12 @@ def test_worker_killed_mid_decode_resumes_from_the_last_finished_step_under_the_
 
         assert stack.wait_stored([run_id], timeout=120)[0] is not None
         # Resumed under the same run id (DESIGN.md); a retry would be a new run whose root is this one.
-        final = instance.get_run_by_id(run_id)
+        # (Its worker stamps the last stage just after Dagster records the end.)
+        final = _wait_for(
+            lambda: (r := instance.get_run_by_id(run_id)).tags.get(STAGE_TAG) in stages.TERMINAL and r,
+            30,
+            "the run's last stage",
+        )
         assert final.status == DagsterRunStatus.SUCCESS, (stage_at_kill, stack.log(f"worker-{name}"))
         assert final.run_id == run_id, "resumed by run monitoring, not retried as a new run"
 

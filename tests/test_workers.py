@@ -363,6 +363,8 @@ def test_a_takeover_takes_the_run_from_its_dead_worker_before_it_waits_for_an_id
             launcher.resume_run(ResumeRunContext(dagster_run=run, workspace=None))
         owner = run_owner(instance.get_run_by_id(run.run_id).tags)
         assert owner[0] == "" and owner[1].startswith(TAKEOVER_BOOT)  # no worker's any more
+        # ... and recorded apart from the tags, which a woken worker's write in flight can rewrite.
+        assert WorkerRegistry(instance.run_storage).revoked_from(run.run_id) == "boot-stopped"
         # Run monitoring reads a takeover in flight as such, and one that outlived every wait (its
         # daemon died mid-takeover) as failed: it is resumed again, never left unbound.
         taken = instance.get_run_by_id(run.run_id)

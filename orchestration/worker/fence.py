@@ -87,7 +87,12 @@ class Fence:
             os._exit(FENCED_EXIT)
 
     def _owner(self, run_id: str) -> tuple[str, str] | None:
+        """Who the run is bound to; a takeover from this very boot wins over the tags (a write of
+        this worker's in flight at the stop can have put its old binding back in them)."""
         from contracts.tags import run_owner
+        from orchestration.registry import WorkerRegistry
 
+        if WorkerRegistry(self.worker.instance.run_storage).revoked_from(run_id) == self.worker.boot_id:
+            return ("", "taken over")
         run = self.worker.instance.get_run_by_id(run_id)
         return None if run is None else run_owner(run.tags)
