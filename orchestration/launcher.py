@@ -230,6 +230,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         return status.boot_id == record.boot_id and status.holds(run_id)
 
     def _tag(self, run: DagsterRun, record: WorkerRecord, resume: bool) -> None:
+        self.registry.bind(run.run_id, record.name, record.boot_id)
         run_state.record(
             self._instance,
             run.run_id,
@@ -268,11 +269,9 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         finish a run another worker is about to run again."""
 
         def revoke() -> None:
-            if run.tags.get(BOOT_TAG):
-                self.registry.revoke(run.run_id, run.tags[BOOT_TAG])
-            self._instance.add_run_tags(
-                run.run_id, {WORKER_TAG: "", BOOT_TAG: f"{TAKEOVER_BOOT}{time.time():.3f}", PID_TAG: ""}
-            )
+            mark = f"{TAKEOVER_BOOT}{time.time():.3f}"
+            self.registry.bind(run.run_id, "", mark)
+            self._instance.add_run_tags(run.run_id, {WORKER_TAG: "", BOOT_TAG: mark, PID_TAG: ""})
 
         self._patiently(revoke, f"taking run {run.run_id} from its worker")
 
@@ -310,8 +309,9 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             # slot until monitoring's cancel timeout).
             return False
         self._instance.report_run_canceling(run)
-        record = self._record(run.tags.get(WORKER_TAG, ""))
-        if record is None or record.boot_id != run.tags.get(BOOT_TAG):
+        name, boot_id = self.registry.owner(run)
+        record = self._record(name) if name else None
+        if record is None or record.boot_id != boot_id:
             # Not bound yet, or its worker is gone: the worker checks CANCELING before it starts a
             # run, and run monitoring's cancel timeout finishes the job otherwise.
             return False
@@ -333,8 +333,8 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         if run_pool(run) is None:
             # The stock launcher cannot be asked either; leave such runs to the runtime limit.
             return CheckRunHealthResult(WorkerStatus.RUNNING, "not a worker-pool run")
-        name, boot_id = run.tags.get(WORKER_TAG), run.tags.get(BOOT_TAG)
-        if boot_id and boot_id.startswith(TAKEOVER_BOOT):
+        name, boot_id = self.registry.owner(run)
+        if boot_id.startswith(TAKEOVER_BOOT):
             # Taken from a dead worker by a takeover (resume_run) still looking for an idle one; one
             # that outlived every wait of a launch was cut short (the daemon died): resume it again.
             began = float(boot_id[len(TAKEOVER_BOOT) :] or 0)
@@ -367,7 +367,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         )
 
     def get_run_worker_debug_info(self, run: DagsterRun, include_container_logs: bool | None = True) -> str:
-        name = run.tags.get(WORKER_TAG)
+        name, _ = self.registry.owner(run)
         record = self._record(name) if name else None
         return f"device worker {name}: {record}" if record else f"device worker {name}: not registered"
 

@@ -22,13 +22,15 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from contracts.tags import run_owner
+
 INDEX_KEY = "shotloom/workers"
 # Below this much free on the disk of a SQLite storage, nobody can write it (heartbeats included):
 # a judge is as blind as when the storage is away (see :class:`_Watch`).
 NO_ROOM_BYTES = 1 << 20
 RECORD_PREFIX = "shotloom/worker/"
 CLAIM_PREFIX = "shotloom/claim/"
-REVOKED_PREFIX = "shotloom/revoked/"  # + run id: the boot id a takeover took the run from
+BOUND_PREFIX = "shotloom/bound/"  # + run id: the worker (name, boot id) the run is bound to
 
 
 @dataclass(frozen=True)
@@ -203,15 +205,34 @@ class WorkerRegistry:
         parsed = (WorkerRecord.parse(v) for v in values.values())
         return sorted((r for r in parsed if r is not None and pool in (None, r.pool)), key=lambda r: r.name)
 
-    def revoke(self, run_id: str, boot_id: str) -> None:
-        """Record that a takeover took ``run_id`` from the worker boot ``boot_id``. Kept apart from
-        the run's tags, which are written read-modify-write: a woken worker's write in flight can
-        put its old binding back there, never here (its fence reads both)."""
-        self.storage.set_cursor_values({REVOKED_PREFIX + run_id: boot_id})
+    def quiet_for(self, since: float, now: float | None = None) -> float:
+        """How long this process has seen nothing happen since ``since`` (a unix time): silence from
+        before the end of its own last blindness to the storage is not counted (see :class:`_Watch`)."""
+        return (time.time() if now is None else now) - max(since, _watch.seen_since())
 
-    def revoked_from(self, run_id: str) -> str | None:
-        """The boot id the last takeover of ``run_id`` took it from (None: never taken over)."""
-        return self._read({REVOKED_PREFIX + run_id}).get(REVOKED_PREFIX + run_id)
+    def bind(self, run_id: str, name: str, boot_id: str) -> None:
+        """Bind ``run_id`` to the worker ``name`` of boot ``boot_id`` (a takeover still looking for
+        a worker: no name, its ``TAKEOVER_BOOT`` mark). The run's tags say the same for people and
+        the UI, but Dagster writes tags read-modify-write: a worker's stage write in flight when it
+        was stopped puts its old binding back there when it wakes, over a takeover's or over the
+        next worker's. This row is only ever written whole, by whoever binds: it is the binding."""
+        self.storage.set_cursor_values({BOUND_PREFIX + run_id: json.dumps([name, boot_id])})
+
+    def owners(self, runs: list[Any]) -> dict[str, tuple[str, str]]:
+        """Who each run (a ``DagsterRun``) is bound to, by run id: its binding row, or its tags for
+        a run bound where no row is kept (an earlier release; a test's hand-made run)."""
+        keys = {BOUND_PREFIX + run.run_id for run in runs}
+        rows = self._read(keys) if keys else {}
+        out: dict[str, tuple[str, str]] = {}
+        for run in runs:
+            raw = rows.get(BOUND_PREFIX + run.run_id)
+            name, boot_id = json.loads(raw) if raw else run_owner(run.tags)
+            out[run.run_id] = (name, boot_id)
+        return out
+
+    def owner(self, run: Any) -> tuple[str, str]:
+        """Who ``run`` is bound to: (worker name, boot id), "" where unbound."""
+        return self.owners([run])[run.run_id]
 
     def claim(self, run_id: str, owner: str) -> bool:
         """Exclusive across hosts: True for exactly one worker asking to take ``run_id`` (an INSERT

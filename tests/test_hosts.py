@@ -334,6 +334,9 @@ def test_two_worker_hosts_share_the_queue_and_survive_a_cut_off_host_and_the_dat
         assert recorded(url, victim["run_id"]) == {"write_op": 1, "run_success": 1}
         # FIFO: the jobs the kill did not touch were claimed in accept order.
         untouched = [b for b in done if "recovered" not in b["stage_times"] and b is not victim]
+        assert all("claimed" in b["stage_times"] for b in untouched), [
+            (b["version_id"], b["run_id"], b["stage_times"]) for b in untouched
+        ]
         claimed = [b["stage_times"]["claimed"] for b in untouched]
         assert claimed == sorted(claimed)
     finally:

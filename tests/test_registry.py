@@ -64,6 +64,25 @@ def test_an_outage_of_the_storage_is_not_a_worker_dying(storage):
     assert not judge.alive(seen, registry_module._watch.since + STALE_S + 1)
 
 
+def test_a_run_left_unbound_through_an_outage_is_quiet_only_since_the_storage_came_back(storage):
+    """An idle worker takes a STARTING run that nobody bound within the handover grace (its daemon
+    died mid-launch). A launcher that waited a storage outage out binds it as soon as the storage
+    is back: the outage must not count towards the grace, or both take the run."""
+    judge = WorkerRegistry(storage, STALE_S)
+    judge.get("w-0")
+    launched = time.time() - 30  # marked STARTING just before a 30 s outage
+    registry_module._watch.since = launched - 1  # watching since before the launch
+    assert judge.quiet_for(launched) >= 30  # seen all along: that long
+    storage.down = True
+    with pytest.raises(ConnectionError):
+        judge.get("w-0")
+    assert judge.quiet_for(launched) < 1  # blind: nothing is orphaned meanwhile
+    storage.down = False
+    judge.get("w-0")
+    assert judge.quiet_for(launched) < 1  # back: counted from now
+    assert judge.quiet_for(launched, time.time() + 20) > 19
+
+
 def test_a_connection_error_anywhere_in_the_process_counts_as_blindness(storage):
     """The daemon's run monitoring fails on its run query, not on the registry: that counts too."""
     import sqlalchemy

@@ -363,15 +363,30 @@ def test_a_takeover_takes_the_run_from_its_dead_worker_before_it_waits_for_an_id
             launcher.resume_run(ResumeRunContext(dagster_run=run, workspace=None))
         owner = run_owner(instance.get_run_by_id(run.run_id).tags)
         assert owner[0] == "" and owner[1].startswith(TAKEOVER_BOOT)  # no worker's any more
-        # ... and recorded apart from the tags, which a woken worker's write in flight can rewrite.
-        assert WorkerRegistry(instance.run_storage).revoked_from(run.run_id) == "boot-stopped"
+        # ... and in the registry's binding row too, which nobody but a binder writes.
+        registry = WorkerRegistry(instance.run_storage, launcher.heartbeat_timeout)
+        assert registry.owner(instance.get_run_by_id(run.run_id)) == owner
         # Run monitoring reads a takeover in flight as such, and one that outlived every wait (its
         # daemon died mid-takeover) as failed: it is resumed again, never left unbound.
         taken = instance.get_run_by_id(run.run_id)
         assert launcher.check_run_worker_health(taken).status == WorkerStatus.RUNNING
-        stale = {**taken.tags, BOOT_TAG: f"{TAKEOVER_BOOT}{time.time() - 3600:.3f}"}
-        result = launcher.check_run_worker_health(taken.with_tags(stale))
+        registry.bind(run.run_id, "", f"{TAKEOVER_BOOT}{time.time() - 3600:.3f}")
+        result = launcher.check_run_worker_health(taken)
         assert result.status == WorkerStatus.FAILED and "takeover" in result.msg
+
+        # Bound to the next worker, then the stopped worker's tag write in flight at its stop lands:
+        # Dagster writes tags read-modify-write, so the tags name the stopped worker again. Run
+        # monitoring must still judge the run by the worker it was bound to last, or it takes the
+        # run over again while that worker runs it.
+        nxt = WorkerRecord("cpu-0", "http://127.0.0.1:9", os.getpid(), "boot-next", "cpu:0")
+        registry.publish(nxt)
+        launcher._tag(taken, nxt, resume=True)  # what binding it to an idle worker writes
+        instance.add_run_tags(run.run_id, {WORKER_TAG: "cpu-1", BOOT_TAG: "boot-stopped"})
+        late = instance.get_run_by_id(run.run_id)
+        assert run_owner(late.tags) == ("cpu-1", "boot-stopped")  # the tags were rewritten...
+        assert registry.owner(late) == ("cpu-0", "boot-next")  # ... the binding was not
+        result = launcher.check_run_worker_health(late)
+        assert result.status == WorkerStatus.RUNNING and result.run_worker_id == "cpu-0", result.msg
 
 
 # -- slow: the whole stack -----------------------------------------------------

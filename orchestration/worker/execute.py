@@ -32,7 +32,7 @@ def execute(worker: Worker, run_id: str, resume: bool) -> None:
     from dagster._utils.hosted_user_process import recon_job_from_origin
     from dagster._utils.interrupts import capture_interrupts
 
-    from contracts.tags import run_owner
+    from orchestration.registry import WorkerRegistry
 
     with worker.lock:
         worker.run_id, worker.pending_run_id = run_id, None
@@ -42,7 +42,7 @@ def execute(worker: Worker, run_id: str, resume: bool) -> None:
         run = worker.instance.get_run_by_id(run_id)
         if run is None or run.is_finished:
             return
-        owner = run_owner(run.tags)
+        owner = WorkerRegistry(worker.instance.run_storage).owner(run)
         if owner != (worker.name, worker.boot_id):
             # Bound to this worker before every offer (launcher, recovery): an offer answered late
             # (this worker was stopped or cut off while the launcher gave up on it and bound the

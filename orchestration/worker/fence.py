@@ -10,7 +10,9 @@ dead worker's binding as soon as it is decided (``DeviceRunLauncher.resume_run``
 for an idle worker. Still this worker (the storage was away for everyone, and judges do not count
 that: ``orchestration.registry``): it goes on. Anyone else, or no worker: it exits at once, before
 the write, and its supervisor starts it again as a fresh worker (a new boot id). Its late results
-are never recorded: one outcome, one MP4 indexed, one callback per job.
+are never recorded: one outcome, one MP4 indexed, one callback per job. Who owns a run is read from
+the registry's binding row (:meth:`WorkerRegistry.bind`), never from the run's tags, which a write
+of this very worker in flight at its stop can rewrite when it wakes.
 
 Left open: a write already past its check when the run is revoked is made (one write at most)."""
 
@@ -87,12 +89,9 @@ class Fence:
             os._exit(FENCED_EXIT)
 
     def _owner(self, run_id: str) -> tuple[str, str] | None:
-        """Who the run is bound to; a takeover from this very boot wins over the tags (a write of
+        """Who the run is bound to, as the registry's binding row says (never its tags: a write of
         this worker's in flight at the stop can have put its old binding back in them)."""
-        from contracts.tags import run_owner
         from orchestration.registry import WorkerRegistry
 
-        if WorkerRegistry(self.worker.instance.run_storage).revoked_from(run_id) == self.worker.boot_id:
-            return ("", "taken over")
         run = self.worker.instance.get_run_by_id(run_id)
-        return None if run is None else run_owner(run.tags)
+        return None if run is None else WorkerRegistry(self.worker.instance.run_storage).owner(run)

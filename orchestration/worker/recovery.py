@@ -48,19 +48,25 @@ def _recover_orphans(worker: Worker) -> None:
     now = time.time()
     registry = WorkerRegistry(worker.instance.run_storage, worker.runtime_cfg.heartbeat_timeout_seconds)
 
-    def owner_dead(run) -> bool:
-        owner = registry.get(run.tags[WORKER_TAG])
-        return owner is None or owner.boot_id != run.tags.get(BOOT_TAG) or not registry.alive(owner)
+    bound = registry.owners([r.dagster_run for r in records])
+
+    def owner_dead(name: str, boot_id: str) -> bool:
+        owner = registry.get(name)
+        return owner is None or owner.boot_id != boot_id or not registry.alive(owner)
 
     def orphaned(record) -> bool:
         run = record.dagster_run
-        stale = now - record.update_timestamp.timestamp() > worker.runtime_cfg.handover_grace_seconds
-        owner = run.tags.get(WORKER_TAG)
-        if owner is None:
+        # Counted from the end of this worker's own blindness to the storage: the launcher waits a
+        # storage outage out mid-launch, and takes the run once the storage is back (the two would
+        # both take it).
+        quiet = registry.quiet_for(record.update_timestamp.timestamp(), now)
+        stale = quiet > worker.runtime_cfg.handover_grace_seconds
+        name, boot_id = bound[run.run_id]
+        if not name:
             return stale
-        if owner != worker.name:
-            return stale and owner_dead(run)
-        return run.tags.get(BOOT_TAG) != worker.boot_id or (stale and run.run_id not in worker.finished)
+        if name != worker.name:
+            return stale and owner_dead(name, boot_id)
+        return boot_id != worker.boot_id or (stale and run.run_id not in worker.finished)
 
     for record in sorted(filter(orphaned, records), key=lambda r: r.create_timestamp):
         run_id = record.dagster_run.run_id
@@ -68,12 +74,13 @@ def _recover_orphans(worker: Worker) -> None:
             if worker.stopping or worker.state not in ("idle", "warming"):
                 return
             before, worker.state = worker.state, "busy"  # the launcher now gets 409
-        mine = record.dagster_run.tags.get(WORKER_TAG) == worker.name
+        mine = bound[run_id][0] == worker.name
         if not mine and not registry.claim(run_id, worker.name):
             with worker.lock:
                 worker.state = before  # another worker took it
             continue
         log.info("%s: recovering run %s that was never started", worker.name, run_id)
+        registry.bind(run_id, worker.name, worker.boot_id)
         run_state.record(
             worker.instance,
             run_id,
