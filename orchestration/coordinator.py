@@ -46,7 +46,7 @@ from contracts.tags import (
 )
 from orchestration.queue_control import QueueControl
 from orchestration.registry import WorkerRegistry
-from orchestration.storage import patiently
+from orchestration.storage import DEFAULT_PATIENCE_S, patiently
 
 # A run entering or leaving these is what can change a dequeue's outcome.
 _WATCHED = (
@@ -69,7 +69,7 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
         dequeue_interval_seconds: float | None = None,
         state_dir: str | None = None,
         heartbeat_timeout_seconds: float | None = None,
-        storage_outage_seconds: float = 0.0,
+        storage_outage_seconds: float = DEFAULT_PATIENCE_S,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -216,7 +216,7 @@ class DeviceRunCoordinator(QueuedRunCoordinator):
         if config_value.get("state_dir"):
             coordinator._control = QueueControl(config_value["state_dir"])
         coordinator._heartbeat_timeout = config_value.get("heartbeat_timeout_seconds")
-        coordinator._storage_patience = config_value.get("storage_outage_seconds", 0.0)
+        coordinator._storage_patience = config_value.get("storage_outage_seconds", DEFAULT_PATIENCE_S)
         return coordinator
 
     @classmethod

@@ -49,7 +49,7 @@ from contracts.tags import (
     WORKER_TAG,
 )
 from orchestration.registry import WorkerRecord, WorkerRegistry
-from orchestration.storage import patiently
+from orchestration.storage import DEFAULT_PATIENCE_S, patiently
 from resources import run_state
 from shotloom import stages
 
@@ -117,7 +117,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         launch_timeout_seconds: int = 300,
         request_timeout_seconds: int = 5,
         heartbeat_timeout_seconds: float = 15,
-        storage_outage_seconds: float = 300,
+        storage_outage_seconds: float = DEFAULT_PATIENCE_S,
         inst_data: ConfigurableClassData | None = None,
     ):
         self._inst_data = inst_data
@@ -156,7 +156,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             "storage_outage_seconds": Field(
                 Float,
                 is_required=False,
-                default_value=300.0,
+                default_value=DEFAULT_PATIENCE_S,
                 description="How long a launch or a takeover waits for Dagster's storage while it cannot "
                 "take writes (a launch that raised would fail its run).",
             ),

@@ -23,6 +23,9 @@ from typing import Any, TypeVar
 
 log = logging.getLogger("shotloom.storage")
 T = TypeVar("T")
+# How long a call waits for Dagster's storage where the instance YAML names no patience (the server
+# YAML's runtime.storage_outage_seconds, written into it, has the same default).
+DEFAULT_PATIENCE_S = 300.0
 
 _PER_RUN_DIR = "runs"  # Dagster's per-run event files, under history/
 _IMPORTED_DIR = "runs.consolidated"  # where they go once imported (kept: a manual rollback needs them)
