@@ -389,6 +389,28 @@ def test_a_takeover_takes_the_run_from_its_dead_worker_before_it_waits_for_an_id
         assert result.status == WorkerStatus.RUNNING and result.run_worker_id == "cpu-0", result.msg
 
 
+def test_a_workers_next_stage_names_it_again_after_a_stale_binding_landed_in_the_tags():
+    """The UI and the API show a run's worker from its tags: a woken worker's late write that put
+    its old binding back there is put right by the next stage the owning worker writes."""
+    from types import SimpleNamespace
+
+    from dagster import instance_for_test
+    from dagster._core.test_utils import create_run_for_test
+
+    from contracts.tags import run_owner
+    from orchestration.worker.fence import sign_stage_writes
+    from resources import run_state
+
+    with instance_for_test() as instance:
+        run = create_run_for_test(instance, job_name="r2v", status=DagsterRunStatus.STARTED)
+        worker = SimpleNamespace(instance=instance, run_id=run.run_id, name="cpu-0", boot_id="boot-next")
+        sign_stage_writes(worker)
+        instance.add_run_tags(run.run_id, {WORKER_TAG: "cpu-1", BOOT_TAG: "boot-stopped"})  # the late write
+        assert run_owner(instance.get_run_by_id(run.run_id).tags) == ("cpu-1", "boot-stopped")
+        run_state.record(instance, run.run_id, events.stage_tags(stages.INFERRING))
+        assert run_owner(instance.get_run_by_id(run.run_id).tags) == ("cpu-0", "boot-next")
+
+
 # -- slow: the whole stack -----------------------------------------------------
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, wan_checkpoint) -> Iterator[Stack]:

@@ -49,7 +49,7 @@ class Worker:
         from dagster import DagsterInstance
 
         from orchestration.storage import retry_run_writes, wait_out_postgres_outages
-        from orchestration.worker.fence import Fence
+        from orchestration.worker.fence import Fence, sign_stage_writes
         from settings.server import RuntimeConfig
 
         self.name, self.device, self.threads, self.pool = name, device, threads, pool
@@ -62,6 +62,7 @@ class Worker:
         self.boot_id = uuid.uuid4().hex
         self.instance = DagsterInstance.get()
         retry_run_writes(self.instance, self.runtime_cfg.storage_outage_seconds, gate=self.fence.check)
+        sign_stage_writes(self)
         self.lock = threading.Lock()
         self.state = "starting"  # starting -> warming -> idle <-> busy -> stopping
         self.run_id: str | None = None
