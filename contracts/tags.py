@@ -83,6 +83,11 @@ def run_step(tags: Mapping[str, str]) -> int:
     return int(tags.get(STEP_TAG) or 0)
 
 
+def binding_tags(name: str, boot_id: str, pid: int | None) -> dict[str, str]:
+    """The tags that show whom a run is bound to (the registry's binding row is what judges read)."""
+    return {WORKER_TAG: name, BOOT_TAG: boot_id, PID_TAG: "" if pid is None else str(pid)}
+
+
 def run_owner(tags: Mapping[str, str]) -> tuple[str, str]:
     """The worker a run is bound to: its name and boot id ("" where unbound)."""
     return tags.get(WORKER_TAG, ""), tags.get(BOOT_TAG, "")

@@ -41,12 +41,10 @@ from pydantic import ValidationError
 from contracts import events
 from contracts import worker as protocol
 from contracts.tags import (
-    BOOT_TAG,
     LAUNCHED_AT_TAG,
-    PID_TAG,
     POOL_TAGS,
     TAKEOVER_BOOT,
-    WORKER_TAG,
+    binding_tags,
 )
 from orchestration.registry import WorkerRecord, WorkerRegistry
 from orchestration.storage import DEFAULT_PATIENCE_S, patiently
@@ -235,9 +233,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
             self._instance,
             run.run_id,
             {
-                WORKER_TAG: record.name,
-                BOOT_TAG: record.boot_id,
-                PID_TAG: str(record.pid),
+                **binding_tags(record.name, record.boot_id, record.pid),
                 LAUNCHED_AT_TAG: f"{time.time():.6f}",
                 # A resumed run (its worker died mid-run) is visibly "recovered", then moves on.
                 **events.stage_tags(stages.RECOVERED if resume else stages.CLAIMED),
@@ -271,7 +267,7 @@ class DeviceRunLauncher(RunLauncher, ConfigurableClass):
         def revoke() -> None:
             mark = f"{TAKEOVER_BOOT}{time.time():.3f}"
             self.registry.bind(run.run_id, "", mark)
-            self._instance.add_run_tags(run.run_id, {WORKER_TAG: "", BOOT_TAG: mark, PID_TAG: ""})
+            self._instance.add_run_tags(run.run_id, binding_tags("", mark, None))
 
         self._patiently(revoke, f"taking run {run.run_id} from its worker")
 

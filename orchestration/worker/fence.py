@@ -103,15 +103,14 @@ def sign_stage_writes(worker: Worker) -> None:
     it when it wakes and puts its old binding back over the next worker's. Judges read the binding
     from the registry (:meth:`WorkerRegistry.owner`), but the UI and the API show the tags: the
     next stage of the worker that owns the run puts them right again."""
-    from contracts.tags import BOOT_TAG, PID_TAG, STAGE_TAG, WORKER_TAG
+    from contracts.tags import STAGE_TAG, binding_tags
 
     storage = worker.instance.run_storage
     write = storage.add_run_tags
 
     def add_run_tags(run_id: str, new_tags: dict[str, str]) -> None:
         if run_id == worker.run_id and STAGE_TAG in new_tags:
-            binding = {WORKER_TAG: worker.name, BOOT_TAG: worker.boot_id, PID_TAG: str(os.getpid())}
-            new_tags = {**new_tags, **binding}
+            new_tags = {**new_tags, **binding_tags(worker.name, worker.boot_id, os.getpid())}
         write(run_id, new_tags)
 
     storage.add_run_tags = add_run_tags

@@ -37,7 +37,7 @@ def _recover_orphans(worker: Worker) -> None:
     from dagster import DagsterRunStatus, RunsFilter
 
     from contracts import events
-    from contracts.tags import BOOT_TAG, PID_TAG, POOL_TAGS, WORKER_TAG
+    from contracts.tags import POOL_TAGS, binding_tags
     from orchestration.registry import WorkerRegistry
     from resources import run_state
     from shotloom import stages
@@ -85,9 +85,7 @@ def _recover_orphans(worker: Worker) -> None:
             worker.instance,
             run_id,
             {
-                WORKER_TAG: worker.name,
-                BOOT_TAG: worker.boot_id,
-                PID_TAG: str(os.getpid()),
+                **binding_tags(worker.name, worker.boot_id, os.getpid()),
                 **events.stage_tags(stages.RECOVERED),
             },
         )
