@@ -13,6 +13,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException
 
 from api.admin.health import health_router
@@ -37,6 +38,13 @@ from api.polls import PollFastPath, PollRoutes
 from api.r2v.protocol import validation_error_body
 from api.r2v.router import r2v_router
 from api.store import StoreUnavailable
+from settings.api import ApiConfig
+
+
+def fastapi_telemetry(api: ApiConfig) -> TelemetryConfig | None:
+    """FastAPI's OpenTelemetry instrumentation: its own defaults (on when a provider is configured)
+    where ``api.opentelemetry`` asks for it, else off (no per-request look for a provider)."""
+    return None if api.opentelemetry else {"tracing": False, "metrics": False, "logs": False}
 
 
 def create_app(ctx: ApiContext) -> FastAPI:
@@ -65,6 +73,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
+        telemetry=fastapi_telemetry(ctx.api),
     )
 
     @app.exception_handler(RequestValidationError)

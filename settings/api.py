@@ -185,6 +185,13 @@ class ApiConfig(_Strict):
         description="Log every request (uvicorn's access log). Off by default: under 50 pollers it was "
         "14% of the API process's CPU (bench/api.py); errors and the service's own events are logged.",
     )
+    opentelemetry: bool = Field(
+        default=False,
+        description="FastAPI's own OpenTelemetry spans and metrics for every request, sent to the "
+        "providers this process has configured (opentelemetry-sdk, OTEL_* variables). Off by default: "
+        "FastAPI then looks for a configured provider at every request (5 us each, a tenth of a poll's "
+        "own cost), and the service's figures are on GET /metrics.",
+    )
     follow_interval_seconds: float = Field(
         default=0.5,
         gt=0,

@@ -221,3 +221,38 @@ def test_a_real_prometheus_scrapes_it(stack, ran, tmp_path):
         prom.close()
         stop_server(proc)
         log.close()
+
+
+def test_fastapis_own_opentelemetry_is_on_only_where_the_api_asks_for_it():
+    """``api.opentelemetry``: FastAPI's request spans go to a configured tracer provider when it is
+    true; false (the default) sends none, however a provider is configured."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from opentelemetry import trace
+
+    from api.app import fastapi_telemetry
+    from settings.api import ApiConfig
+
+    spans: list[str] = []
+
+    class RecordingTracer(trace.NoOpTracer):
+        def start_span(self, name, *args, **kwargs):
+            spans.append(name)
+            return super().start_span(name, *args, **kwargs)
+
+    class Provider(trace.TracerProvider):
+        def get_tracer(self, *args, **kwargs):
+            return RecordingTracer()
+
+    seen = {}
+    for on in (False, True):
+        spans.clear()
+        telemetry = {**(fastapi_telemetry(ApiConfig(opentelemetry=on)) or {}), "tracer_provider": Provider()}
+        app = FastAPI(telemetry=telemetry)
+        app.get("/version/{version_id}")(lambda version_id: {"version_id": version_id})
+        with TestClient(app) as client:
+            assert client.get("/version/v1").json() == {"version_id": "v1"}
+        seen[on] = list(spans)
+    assert ApiConfig().opentelemetry is False
+    assert seen[False] == []
+    assert "GET" in seen[True], seen  # the request's span (and its endpoint's, dependencies'...)

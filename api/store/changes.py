@@ -19,8 +19,7 @@ A reader meeting a job for the first time reads its counter alone (:class:`Chang
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import insert, inspect, update
 from sqlalchemy.engine import Engine
@@ -42,9 +41,9 @@ _DELETED, _QUEUE_CHANGED = "shotloom_deleted_versions", "shotloom_queue_changed"
 Changes = tuple[int | None, int]
 
 
-@dataclass(frozen=True)
-class ChangesSince:
-    """What moved after a sequence number: ``seq`` covers it all (the next look starts there)."""
+class ChangesSince(NamedTuple):
+    """What moved after a sequence number: ``seq`` covers it all (the next look starts there). A
+    tuple: the pollers make one every turn of the event loop, and a frozen dataclass costs more."""
 
     seq: int
     versions: dict[str, int | None]  # version id -> its counter now (None: deleted)
@@ -134,9 +133,11 @@ class ChangeReader:
         if seq is None:
             return ChangesSince(self._query(self._seq_sql, (SEQ,))[0][0], {}, None)
         rows = self._query(self._since_sql, (seq,))
+        if not rows:  # the usual answer: nothing moved
+            return ChangesSince(seq, {}, None)
         versions = {subject: counter or None for subject, counter, _ in rows if subject != QUEUE}
         queue = next((counter for subject, counter, _ in rows if subject == QUEUE), None)
-        return ChangesSince(rows[-1][2] if rows else seq, versions, queue)
+        return ChangesSince(rows[-1][2], versions, queue)
 
     def _query(self, sql: str, params: tuple) -> list[tuple]:
         with self._lock:

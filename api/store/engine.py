@@ -42,21 +42,31 @@ def _unreachable(error: BaseException) -> bool:
     )
 
 
-@contextmanager
-def reachable() -> Iterator[None]:
-    """Raise :class:`StoreUnavailable` for a database that is away, instead of the driver's error."""
-    try:
-        yield
-    except StoreUnavailable:
-        raise
-    except Exception as error:
+class _Reachable:
+    """``with reachable():`` raise :class:`StoreUnavailable` for a database that is away, instead of
+    the driver's error. A class, not a generator context manager: every store call enters it, the
+    pollers' once-a-turn change look among them, and a generator's frame costs several times this."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, _type: type[BaseException] | None, error: BaseException | None, _tb: Any) -> bool:
+        if error is None or isinstance(error, StoreUnavailable) or not isinstance(error, Exception):
+            return False
         if not _unreachable(error):
-            raise
+            return False
         global _last_warned
         if time.monotonic() - _last_warned > WARN_EVERY_S:  # once a while, not once a request
             _last_warned = time.monotonic()
             log.warning("store unavailable: %s", (str(error).splitlines() or [type(error).__name__])[0])
         raise StoreUnavailable("the service's database is unavailable") from error
+
+
+_REACHABLE = _Reachable()
+
+
+def reachable() -> _Reachable:
+    return _REACHABLE
 
 
 def _sqlite_engine(url: str, busy_timeout_s: float) -> Engine:
