@@ -45,6 +45,18 @@ SamplerMode = Literal["native", "dmd"]
 NATIVE_DEFAULT_STEPS = 40  # between Wan's 50 and LTX-2's 30-40: a YAML for a real checkpoint says its own
 
 
+# Sampler fields only LTX-2 runs (its pipeline's guidance terms besides CFG).
+LTX2_GUIDANCE_TERMS = (
+    "stg_scale",
+    "audio_stg_scale",
+    "spatio_temporal_guidance_blocks",
+    "modality_scale",
+    "audio_modality_scale",
+    "guidance_rescale",
+    "audio_guidance_rescale",
+)
+
+
 class Sampler(_Strict):
     """How the DiT is sampled.
 
@@ -79,6 +91,38 @@ class Sampler(_Strict):
     audio_guidance_scale: float | None = Field(
         default=None, description="LTX-2: the audio stream's guidance (None: guidance_scale, as __call__)."
     )
+    # LTX-2's guidance terms besides CFG, as LTX2ConditionPipeline.__call__ runs them (other families
+    # refuse them). Each audio_* value None: the video's, as __call__.
+    stg_scale: float = Field(
+        default=0.0,
+        ge=0,
+        description="LTX-2: spatio-temporal guidance, away from the DiT with the blocks of "
+        "spatio_temporal_guidance_blocks perturbed (one more DiT call a step); 0: off.",
+    )
+    audio_stg_scale: float | None = Field(default=None, ge=0, description="LTX-2: the audio stream's STG.")
+    spatio_temporal_guidance_blocks: list[int] = Field(
+        default_factory=list,
+        description="LTX-2: the DiT blocks STG perturbs (diffusers: [29] for LTX-2.0, [28] for LTX-2.3).",
+    )
+    modality_scale: float = Field(
+        default=1.0,
+        ge=1,
+        description="LTX-2: modality-isolation guidance, away from the DiT with its audio-video "
+        "cross-attention off (one more DiT call a step); 1: off.",
+    )
+    audio_modality_scale: float | None = Field(
+        default=None, ge=1, description="LTX-2: the audio stream's modality-isolation guidance."
+    )
+    guidance_rescale: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="LTX-2: the guided x0 rescaled toward the conditional one's std by this share "
+        "(against over-exposure); 0: off.",
+    )
+    audio_guidance_rescale: float | None = Field(
+        default=None, ge=0, le=1, description="LTX-2: the audio stream's guidance rescale."
+    )
 
     @field_validator("sigmas")
     @classmethod
@@ -86,6 +130,25 @@ class Sampler(_Strict):
         if not v or any(not 0 < s <= 1 for s in v) or any(a <= b for a, b in zip(v, v[1:], strict=False)):
             raise ValueError("sigmas must be a non-empty, strictly descending list in (0, 1]")
         return v
+
+    @model_validator(mode="after")
+    def _stg_blocks(self) -> Sampler:
+        if (
+            self.stg_scale > 0 or (self.audio_stg_scale or 0) > 0
+        ) and not self.spatio_temporal_guidance_blocks:
+            raise ValueError(
+                "spatio_temporal_guidance_blocks: STG (stg_scale > 0) needs the blocks it perturbs"
+            )
+        return self
+
+    def guidance_terms_set(self) -> list[str]:
+        """The LTX-2 guidance terms besides CFG this sampler sets away from off."""
+        off = Sampler.model_fields
+        return [
+            k
+            for k in LTX2_GUIDANCE_TERMS
+            if getattr(self, k) != off[k].get_default(call_default_factory=True)
+        ]
 
     @model_validator(mode="after")
     def _steps(self) -> Sampler:
@@ -325,6 +388,18 @@ class InferenceConfig(_Strict):
             if a.name == adapter and a.sampler is not None:
                 return a.sampler
         return self.sampler
+
+    @model_validator(mode="after")
+    def _family_guidance(self) -> InferenceConfig:
+        if self.family != "ltx2":
+            where = [("sampler", self.sampler)]
+            where += [(f"adapters.{a.name}.sampler", a.sampler) for a in self.adapters if a.sampler]
+            for prefix, sampler in where:
+                if terms := sampler.guidance_terms_set():
+                    raise ValueError(
+                        f"{prefix}.{terms[0]}: an LTX-2 guidance term; {self.family} runs CFG only"
+                    )
+        return self
 
     @field_validator("adapters")
     @classmethod

@@ -119,3 +119,13 @@ def test_model_configs_for_real_checkpoints_validate():
         assert not cfg.tiny.build_if_missing and cfg.device == "cuda"
         if cfg.sampler.mode == "native":
             assert cfg.sampler.guidance_scale > 1.0  # base checkpoints are sampled with CFG
+    # LTX-2's base checkpoint with its pipeline's own guidance terms (__call__'s defaults).
+    import inspect
+
+    from diffusers import LTX2ConditionPipeline
+
+    own = inspect.signature(LTX2ConditionPipeline.__call__).parameters
+    sampler = configs["ltx2-dev"].sampler
+    for term in ("guidance_scale", "audio_guidance_scale", "stg_scale", "modality_scale", "guidance_rescale"):
+        assert getattr(sampler, term) == own[term].default, term
+    assert sampler.spatio_temporal_guidance_blocks  # the block STG perturbs is the checkpoint's

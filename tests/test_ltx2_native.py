@@ -6,9 +6,10 @@ exactly the latents of ``LTX2ConditionPipeline.__call__(..., output_type="latent
 denormalised (the VAE's latents_mean/std and scaling factor undone) and the audio latents unpacked
 (B, C, L, mel) and denormalised: the engine's bundle holds the same, so like is compared with like.
 
-The pipeline's defaults also run STG, modality-isolation guidance and guidance rescale (LTX-2.3
-knobs, one or two more DiT calls a step); the engine's native sampler is CFG only, so the reference
-calls switch them off (``stg_scale=0``, ``modality_scale=1``, ``guidance_rescale=0``).
+The pipeline's defaults also run STG, modality-isolation guidance and guidance rescale (one more
+DiT call a step each for the first two). The engine runs them where the sampler YAML sets them
+(tested against ``__call__`` with the same values); the other tests compare CFG alone, so their
+reference calls switch them off (``stg_scale=0``, ``modality_scale=1``, ``guidance_rescale=0``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ REAL_SCHEDULER = {
     "use_exponential_sigmas": False,
     "use_beta_sigmas": False,
 }
-# Only CFG: what the engine's native sampler runs (see the module docstring).
+# Only CFG: what the engine's native sampler runs unless its YAML sets the terms (module docstring).
 CFG_ONLY = dict(
     stg_scale=0.0,
     audio_stg_scale=0.0,
@@ -248,6 +249,63 @@ def test_without_guidance_one_dit_evaluation_a_step(adapter, pipe, dit_calls):
     assert dit_calls["engine"].take() == dit_calls["pipeline"].take() == (STEPS, STEPS)
     sampling = out.meta["sampling"]
     assert sampling["dit_calls_per_step"] == 1 and "audio_guidance_scale" not in sampling
+
+
+# -- LTX-2's further guidance terms -----------------------------------------------------------------
+# As __call__'s defaults set them (the tiny DiT has two blocks: STG perturbs the last).
+TERMS = dict(stg_scale=1.0, modality_scale=3.0, guidance_rescale=0.7, spatio_temporal_guidance_blocks=[1])
+
+
+@pytest.fixture(scope="module")
+def guided(checkpoint) -> LTX2Adapter:
+    """The same checkpoint with the sampler's STG, modality isolation and guidance rescale on."""
+    return LTX2Adapter.load(native_config(checkpoint, **TERMS))
+
+
+@pytest.mark.parametrize("case", ["prompt", "first_frame"])
+def test_stg_modality_isolation_and_rescale_equal_the_pipelines_own_call(
+    guided, pipe, media, dit_calls, case
+):
+    """Each step: the CFG batch, one call with the STG block perturbed, one with the audio-video
+    cross-attention off, every term a delta in x0 space, then rescaled: bit for bit ``__call__``
+    with the same values (its defaults for LTX-2, with the tiny DiT's block)."""
+    calls = DiTCalls(guided.pipe.transformer)
+    req = request(first_frame=media["frame"]) if case == "first_frame" else request()
+    out = guided.denoise(guided.encode(req), req)
+    conditions = [(Image.open(media["frame"]).convert("RGB"), 0, 1.0)] if case == "first_frame" else None
+    video, audio = reference(
+        pipe,
+        conditions,
+        **TERMS,
+        audio_stg_scale=TERMS["stg_scale"],
+        audio_modality_scale=TERMS["modality_scale"],
+        audio_guidance_rescale=TERMS["guidance_rescale"],
+    )
+    assert torch.equal(out.tensors["video"], video) and torch.equal(out.tensors["audio"], audio)
+    # Three DiT calls a step: [negative, positive], the perturbed one, the isolated one.
+    assert calls.take() == dit_calls["pipeline"].take() == (3 * STEPS, 4 * STEPS)
+    sampling = out.meta["sampling"]
+    assert sampling["dit_calls_per_step"] == 4
+    assert {k: sampling[k] for k in TERMS} == TERMS
+    assert (sampling["audio_stg_scale"], sampling["audio_modality_scale"]) == (1.0, 3.0)
+    # The terms change the clip: the CFG-only sampler's latents are another clip.
+    plain = LTX2Adapter.load(native_config(guided.cfg.paths.checkpoint))
+    assert not torch.equal(plain.denoise(plain.encode(req), req).tensors["video"], out.tensors["video"])
+
+
+def test_guidance_terms_are_refused_where_they_cannot_run(checkpoint):
+    # STG needs the blocks it perturbs, and they must be blocks of the checkpoint's DiT.
+    with pytest.raises(ValueError, match="spatio_temporal_guidance_blocks: STG"):
+        native_config(checkpoint, stg_scale=1.0)
+    with pytest.raises(ValueError, match=r"sampler\.spatio_temporal_guidance_blocks: \[2\] are not blocks"):
+        LTX2Adapter.load(native_config(checkpoint, stg_scale=1.0, spatio_temporal_guidance_blocks=[2]))
+    # Wan runs CFG only: an LTX-2 term in its YAML is refused, naming the key.
+    wan = {"family": "wan", "paths": {"checkpoint": checkpoint}, "sampler": {"mode": "native"}}
+    with pytest.raises(
+        ValueError, match=r"sampler\.modality_scale: an LTX-2 guidance term; wan runs CFG only"
+    ):
+        InferenceConfig.model_validate({**wan, "sampler": {"mode": "native", "modality_scale": 2.0}})
+    InferenceConfig.model_validate(wan)  # the terms' off values are every family's
 
 
 # -- steps, shift, modes ---------------------------------------------------------------------------

@@ -23,9 +23,12 @@ own: its sigmas (``linspace(1, 1/steps, steps)`` shifted by ``mu`` of the video'
 in x0 space with ``guidance_scale`` for the video and ``audio_guidance_scale`` for the audio stream,
 the conditioning mask blended in x0 space, one Euler step. So a prompt-only request, a first frame,
 and a keyframe where ``__call__``'s latent index puts one (pixel frame 8k+1) equal
-``__call__(..., output_type="latent")`` for a seed, steps and guidance (tested). Not run (the sampler
-does not carry them): ``__call__``'s STG, modality-isolation guidance and guidance rescale, LTX-2.3
-knobs that the caller switches off (``stg_scale=0``, ``modality_scale=1``, ``guidance_rescale=0``).
+``__call__(..., output_type="latent")`` for a seed, steps and guidance (tested). ``__call__``'s
+further terms run where the sampler YAML sets them, under its names: STG (one more DiT call on the
+positive prompt with ``spatio_temporal_guidance_blocks`` perturbed), modality isolation (one more,
+the audio-video cross-attention off) and guidance rescale, each stream with its own values; with
+them too the latents equal ``__call__``'s (tested). Off by default (``__call__``'s own defaults turn
+them on: a YAML for a real checkpoint sets them, as ``configs/models/ltx2-dev.yaml`` does).
 ``dmd`` re-noises each token to its own level as described above.
 
 Conditions, in pixel frames: ``first_frame`` replaces the first latent frame (strength 1);
@@ -359,13 +362,94 @@ def _log_mel(wave: torch.Tensor, rate: int, hop: int, mel_bins: int) -> torch.Te
     return torch.log(mel.clamp(min=1e-5)).transpose(1, 2).unsqueeze(0)
 
 
-def _guided_x0(sample: torch.Tensor, pred: torch.Tensor, sigma: torch.Tensor, scale: float) -> torch.Tensor:
-    """Velocity -> x0; with a [negative, positive] batch, CFG in x0 space (the pipeline's delta form)."""
-    if pred.shape[0] == 1:
-        return sample - pred * sigma
-    uncond, cond = pred.chunk(2)
-    x0 = sample - cond * sigma
-    return x0 + (scale - 1) * (x0 - (sample - uncond * sigma))
+@dataclass(frozen=True)
+class _Guidance:
+    """One stream's guidance (the video's or the audio's), as ``__call__`` resolves it: CFG's scale
+    and LTX-2's further terms (STG, modality isolation, rescale; their "off" values by default)."""
+
+    cfg: float
+    stg: float = 0.0
+    modality: float = 1.0
+    rescale: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """Which extra DiT calls a step makes (``__call__``'s: STG when either stream's scale is > 0,
+    modality isolation when either's is > 1) and each stream's guidance."""
+
+    video: _Guidance
+    audio: _Guidance
+    stg_blocks: tuple[int, ...] = ()
+
+    @property
+    def stg(self) -> bool:
+        return self.video.stg > 0 or self.audio.stg > 0
+
+    @property
+    def modality(self) -> bool:
+        return self.video.modality > 1 or self.audio.modality > 1
+
+    @classmethod
+    def of(cls, sampler: Sampler, scale: float, audio_scale: float) -> _Terms:
+        def audio(value: float | None, video: float) -> float:
+            return video if value is None else value
+
+        return cls(
+            _Guidance(scale, sampler.stg_scale, sampler.modality_scale, sampler.guidance_rescale),
+            _Guidance(
+                audio_scale,
+                audio(sampler.audio_stg_scale, sampler.stg_scale),
+                audio(sampler.audio_modality_scale, sampler.modality_scale),
+                audio(sampler.audio_guidance_rescale, sampler.guidance_rescale),
+            ),
+            tuple(sampler.spatio_temporal_guidance_blocks),
+        )
+
+    def record(self) -> dict[str, Any]:
+        """The terms that ran, for the sampling record (nothing when only CFG did)."""
+        out: dict[str, Any] = {}
+        if self.stg:
+            out.update(
+                stg_scale=self.video.stg,
+                audio_stg_scale=self.audio.stg,
+                spatio_temporal_guidance_blocks=list(self.stg_blocks),
+            )
+        if self.modality:
+            out.update(modality_scale=self.video.modality, audio_modality_scale=self.audio.modality)
+        if self.video.rescale > 0 or self.audio.rescale > 0:
+            out.update(guidance_rescale=self.video.rescale, audio_guidance_rescale=self.audio.rescale)
+        return out
+
+
+@dataclass(frozen=True)
+class _Preds:
+    """One stream's velocity predictions of a step: the conditional one and, where that call ran,
+    the negative prompt's (CFG), the perturbed DiT's (STG) and the isolated modality's."""
+
+    cond: torch.Tensor
+    uncond: torch.Tensor | None = None
+    stg: torch.Tensor | None = None
+    modality: torch.Tensor | None = None
+
+
+def _guided_x0(sample: torch.Tensor, preds: _Preds, sigma: torch.Tensor, g: _Guidance) -> torch.Tensor:
+    """Velocities -> the guided x0, as ``__call__`` combines them: each term a delta in x0 space
+    added to the conditional x0 in its order (CFG, STG, modality), then guidance rescale toward the
+    conditional x0's std (diffusers' ``rescale_noise_cfg``)."""
+    x0 = sample - preds.cond * sigma
+    out = x0
+    if preds.uncond is not None:
+        out = out + (g.cfg - 1) * (x0 - (sample - preds.uncond * sigma))
+    if preds.stg is not None:
+        out = out + g.stg * (x0 - (sample - preds.stg * sigma))
+    if preds.modality is not None:
+        out = out + (g.modality - 1) * (x0 - (sample - preds.modality * sigma))
+    if g.rescale > 0:
+        from diffusers.pipelines.ltx2.pipeline_ltx2_condition import rescale_noise_cfg
+
+        out = rescale_noise_cfg(out, x0, guidance_rescale=g.rescale)
+    return out
 
 
 def _check_sigmas(scheduler, sampler: Sampler) -> None:
@@ -412,10 +496,17 @@ class LTX2Adapter(FamilyAdapter):
         # The checkpoint's schedulers; without an audio one, __call__ samples audio on a copy of the video's.
         adapter.keep_checkpoint_scheduler(pipe.scheduler)
         adapter.keep_checkpoint_scheduler(pipe.audio_scheduler or pipe.scheduler, name="audio_scheduler")
-        samplers = [cfg.sampler, *(a.sampler for a in cfg.adapters if a.sampler is not None)]
-        for sampler in samplers:
+        samplers = [("sampler", cfg.sampler)]
+        samplers += [(f"adapters.{a.name}.sampler", a.sampler) for a in cfg.adapters if a.sampler is not None]
+        layers = pipe.transformer.config.num_layers
+        for where, sampler in samplers:
             if sampler.mode == "dmd":
                 _check_sigmas(adapter.scheduler_for(sampler), sampler)
+            if bad := [b for b in sampler.spatio_temporal_guidance_blocks if not 0 <= b < layers]:
+                raise ValueError(
+                    f"{where}.spatio_temporal_guidance_blocks: {bad} are not blocks of this DiT "
+                    f"(0..{layers - 1})"
+                )
         adapter._use(cfg.sampler)  # requests switch them per sampler
         adapter.configure_tiling(cfg.tiling)
         adapter._count_encoders()
@@ -688,19 +779,11 @@ class LTX2Adapter(FamilyAdapter):
         audio_scale = req.guidance_scale
         if guided and sampler.audio_guidance_scale is not None:
             audio_scale = sampler.audio_guidance_scale
+        #    LTX-2's further terms (STG, modality isolation, rescale) as the sampler sets them.
+        terms = _Terms.of(sampler, req.guidance_scale, audio_scale)
         with self.step_cache(req, len(sched.timesteps)):
             latents, audio = self._sample(
-                t,
-                video,
-                audio,
-                held,
-                hold,
-                (sched, audio_sched),
-                req,
-                dims,
-                progress,
-                sampler.mode,
-                audio_scale,
+                t, video, audio, held, hold, (sched, audio_sched), req, dims, progress, sampler.mode, terms
             )
         used = [float(s) for s in sched.sigmas[: len(sched.timesteps)]]
         # 5. Unpack and denormalise, as __call__ does for output_type="latent".
@@ -736,7 +819,12 @@ class LTX2Adapter(FamilyAdapter):
             "num_frames": req.num_frames,
             "fps": req.fps,
             "sampling": self.sampling_record(
-                sampler, req, used, audio_guidance_scale=audio_scale if guided else None
+                sampler,
+                req,
+                used,
+                audio_guidance_scale=audio_scale if guided else None,
+                dit_calls_per_step=(2 if guided else 1) + terms.stg + terms.modality,
+                **terms.record(),
             ),
         }
         tensors = {"video": latents.float().cpu().contiguous(), "audio": audio.float().cpu().contiguous()}
@@ -911,21 +999,22 @@ class LTX2Adapter(FamilyAdapter):
         dims: _Dims,
         progress: Progress | None,
         mode: str,
-        audio_scale: float,
+        terms: _Terms,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The denoising loop of ``__call__`` with CFG (no STG, modality guidance or guidance rescale).
+        """The denoising loop of ``__call__``: CFG as one [negative, positive] batch, then STG and
+        modality isolation each one more DiT call on the positive half (as ``__call__``, which names
+        them ``uncond_stg`` and ``uncond_modality`` for step caches), combined by :func:`_guided_x0`.
 
         ``mode`` native: each step is ``__call__``'s (x0 at the step's sigma, the conditioning mask
         blended in x0 space, one step of the scheduler); dmd: each token re-noised to its own level.
         ``held``: an input track is held clean; ``hold`` (mask, clean latents) when only part of it is
         (a guide's sound): those tokens at timestep 0, the others denoised like the video's tokens.
-        ``audio_scale``: the audio stream's guidance (the video's is the request's)."""
+        ``terms``: each stream's guidance (the video's CFG is the request's)."""
         pipe = self.pipe
         device = torch.device(self.device)
         sched, audio_sched = schedulers
-        scale = req.guidance_scale
         names = ("prompt_embeds", "audio_prompt_embeds", "prompt_attention_mask")
-        if scale > 1.0:  # CFG batch: [negative, positive]
+        if terms.video.cfg > 1.0:  # CFG batch: [negative, positive]
             text = [torch.cat([t[f"negative_{n}"], t[n]]) for n in names]
         else:
             text = [t[n] for n in names]
@@ -937,6 +1026,23 @@ class LTX2Adapter(FamilyAdapter):
         video_coords, mask_in = rep(video.coords), rep(video.mask)
         audio_coords = rep(pipe.transformer.audio_rope.prepare_audio_coords(1, dims.audio_frames, device))
         latents, dtype = video.latents, text[0].dtype
+
+        def call(name: str, batch_inputs: dict, where: dict, **perturb) -> tuple[torch.Tensor, torch.Tensor]:
+            # One cache context a call, as __call__ names it (step caches key on it).
+            with pipe.transformer.cache_context(name, **where):
+                pred_video, pred_audio = pipe.transformer(
+                    **batch_inputs,
+                    num_frames=dims.frames,
+                    height=dims.height,
+                    width=dims.width,
+                    fps=float(req.fps),
+                    audio_num_frames=dims.audio_frames,
+                    use_cross_timestep=True,
+                    return_dict=False,
+                    **perturb,
+                )
+            return pred_video.float(), pred_audio.float()
+
         steps = len(sched.timesteps)
         for i, step_t in enumerate(sched.timesteps):
             timestep = step_t.expand(batch)
@@ -947,40 +1053,47 @@ class LTX2Adapter(FamilyAdapter):
             else:
                 audio_timestep = torch.zeros_like(timestep) if held else audio_step
                 audio_sigma = audio_timestep
-            # One context for the [negative, positive] batch, as __call__ names it (step caches key on it).
-            cache_context = pipe.transformer.cache_context(
-                "cond_uncond", step_index=i, sigma=float(sched.sigmas[i]), num_inference_steps=steps
+            inputs = dict(
+                hidden_states=rep(latents).to(dtype),
+                audio_hidden_states=rep(audio).to(dtype),
+                encoder_hidden_states=text[0],
+                audio_encoder_hidden_states=text[1],
+                timestep=timestep.unsqueeze(-1) * (1 - mask_in.squeeze(-1)),
+                audio_timestep=audio_timestep,
+                sigma=timestep,
+                audio_sigma=audio_sigma,
+                encoder_attention_mask=text[2],
+                audio_encoder_attention_mask=text[2],
+                video_coords=video_coords,
+                audio_coords=audio_coords,
             )
-            with cache_context:
-                pred_video, pred_audio = pipe.transformer(
-                    hidden_states=rep(latents).to(dtype),
-                    audio_hidden_states=rep(audio).to(dtype),
-                    encoder_hidden_states=text[0],
-                    audio_encoder_hidden_states=text[1],
-                    timestep=timestep.unsqueeze(-1) * (1 - mask_in.squeeze(-1)),
-                    audio_timestep=audio_timestep,
-                    sigma=timestep,
-                    audio_sigma=audio_sigma,
-                    encoder_attention_mask=text[2],
-                    audio_encoder_attention_mask=text[2],
-                    num_frames=dims.frames,
-                    height=dims.height,
-                    width=dims.width,
-                    fps=float(req.fps),
-                    audio_num_frames=dims.audio_frames,
-                    video_coords=video_coords,
-                    audio_coords=audio_coords,
-                    use_cross_timestep=True,
-                    return_dict=False,
+            where = dict(step_index=i, sigma=float(sched.sigmas[i]), num_inference_steps=steps)
+
+            both = call("cond_uncond", inputs, where)
+            if batch > 1:
+                video_preds = _Preds(both[0][1:], uncond=both[0][:1])
+                audio_preds = _Preds(both[1][1:], uncond=both[1][:1])
+            else:
+                video_preds, audio_preds = _Preds(both[0]), _Preds(both[1])
+            # STG and modality isolation perturb the positive prompt's call (the batch's last).
+            positive = {k: v[batch - 1 :] for k, v in inputs.items()}
+            if terms.stg:
+                stg = call(
+                    "uncond_stg", positive, where, spatio_temporal_guidance_blocks=list(terms.stg_blocks)
                 )
+                video_preds, audio_preds = replace(video_preds, stg=stg[0]), replace(audio_preds, stg=stg[1])
+            if terms.modality:
+                alone = call("uncond_modality", positive, where, isolate_modalities=True)
+                video_preds = replace(video_preds, modality=alone[0])
+                audio_preds = replace(audio_preds, modality=alone[1])
             sigma = sched.sigmas[i]
             if mode == "native":  # __call__'s step: x0 at the step's sigma for every token
-                x0 = _guided_x0(latents, pred_video.float(), sigma, scale)
+                x0 = _guided_x0(latents, video_preds, sigma, terms.video)
                 x0 = (x0 * (1 - video.mask) + video.clean * video.mask).to(x0.dtype)
                 latents = sched.step((latents - x0) / sigma, step_t, latents, return_dict=False)[0]
             else:
                 # Each token's own noise level: a token held at strength s sits at (1 - s) * sigma.
-                x0 = _guided_x0(latents, pred_video.float(), sigma * (1 - video.mask), scale)
+                x0 = _guided_x0(latents, video_preds, sigma * (1 - video.mask), terms.video)
                 x0 = (x0 * (1 - video.mask) + video.clean * video.mask).to(x0.dtype)
                 renoised = sched.step((latents - x0) / sigma, step_t, latents, return_dict=False)[0]
                 # Re-noise each token to sigma_next * (1 - s); lerp is exact at weights 0 and 1.
@@ -990,13 +1103,13 @@ class LTX2Adapter(FamilyAdapter):
                 # a native Euler step leaves a clean token where it is: the lerp changes nothing there)
                 mask, clean = hold
                 level = audio_sched.sigmas[i]
-                audio_x0 = _guided_x0(audio, pred_audio.float(), level * (1 - mask), audio_scale)
+                audio_x0 = _guided_x0(audio, audio_preds, level * (1 - mask), terms.audio)
                 audio_x0 = (audio_x0 * (1 - mask) + clean * mask).to(audio_x0.dtype)
                 renoised = audio_sched.step((audio - audio_x0) / level, step_t, audio, return_dict=False)[0]
                 audio = torch.lerp(audio_x0, renoised, 1 - mask)
             elif not held:
                 level = audio_sched.sigmas[i]
-                audio_x0 = _guided_x0(audio, pred_audio.float(), level, audio_scale)
+                audio_x0 = _guided_x0(audio, audio_preds, level, terms.audio)
                 velocity = (audio - audio_x0) / level
                 audio = audio_sched.step(velocity, step_t, audio, return_dict=False)[0]
             if progress is not None:
