@@ -319,3 +319,58 @@ def test_r2v_step_cache_is_one_of_the_models_presets_the_server_allows(tmp_path,
         assert err.field == "step_cache" and words in err.message, err.body()
         assert err.body()["error"].startswith("step_cache: ")
     assert len(pokes) == before  # nothing was queued
+
+
+class QueuedRuns:
+    """The one gateway call the submitter makes for jobs accepted in this process's life: runs
+    submitted in GraphQL documents, recorded in the order they reach Dagster's queue."""
+
+    def __init__(self) -> None:
+        self.documents: list[list[str]] = []  # each document's runs: their version tags
+
+    def submit_many(self, submissions):
+        from contracts.tags import VERSION_TAG
+
+        self.documents.append([s.tags[VERSION_TAG] for s in submissions])
+        return [f"run-{version}" for version in self.documents[-1]]
+
+
+def test_a_merge_waits_for_one_batch_of_the_shots_accepted_before_it_not_for_all(tmp_path, store):
+    """Each kind has its own queue in Dagster: the submitter sends the kinds' oldest batches in
+    turn, in accept order within each kind, and reads the jobs again after every round."""
+    import threading
+
+    from api.background.callbacks import Callbacks
+    from api.background.submitter import SUBMIT_BATCH, Submitter
+
+    intake, _ = make_intake(tmp_path, store, caps=WAN_LIKE)
+    first = intake.accept_r2v(r2v(shot_id="first"), None).job
+    rel = "r2v/w/first/run/output.mp4"
+    (tmp_path / "media" / rel).parent.mkdir(parents=True)
+    write_mp4(tmp_path / "media" / rel, np.full((5, 32, 32, 3), 90, np.uint8), 16, None, None)
+    store.add_artifact(first.version_id, kind="video", role="shot", path=rel, url_path="/media/" + rel)
+    store.mark_submitted(first.version_id, "run-first")
+    store.update_status(first.version_id, status="succeeded")
+    shots = [
+        intake.accept_r2v(r2v(shot_id=f"s{i}"), None).job.version_id for i in range(2 * SUBMIT_BATCH + 3)
+    ]
+    merge_request = MergeRequest.model_validate({"work_id": "w", "shots": [{"version_id": first.version_id}]})
+    merge = intake.accept_merge(merge_request, None).job.version_id
+
+    gateway, stopping, more = QueuedRuns(), threading.Event(), threading.Event()
+    submitter = Submitter(
+        store, gateway, Callbacks(store, ApiConfig(), stopping), stopping, boot=0.0, more=more
+    )
+    submitter.submit_pending()  # one round: the shots' oldest batch, then the merge's
+    assert gateway.documents == [shots[:SUBMIT_BATCH], [merge]]
+    assert more.is_set()  # more shots wait: the loop comes back at once
+    late = intake.accept_r2v(r2v(shot_id="late"), None).job.version_id
+    rounds = 1
+    while more.is_set() and rounds < 10:  # as the background loop does
+        more.clear()
+        submitter.submit_pending()
+        rounds += 1
+    sent = [version for document in gateway.documents for version in document]
+    assert sent == [*shots[:SUBMIT_BATCH], merge, *shots[SUBMIT_BATCH:], late]  # each kind in accept order
+    assert rounds == 3 and all(store.get(v).run_id == f"run-{v}" for v in sent)
+    assert store.unsubmitted() == []

@@ -40,7 +40,7 @@ class Background:
         boot = time.time()
         self.worker_statuses = workers if workers is not None else WorkerStatuses(registry)
         self.callbacks = Callbacks(store, api, self.stopping)
-        self.submitter = Submitter(store, gateway, self.callbacks, self.stopping, boot)
+        self.submitter = Submitter(store, gateway, self.callbacks, self.stopping, boot, more=self.wake)
         self.tracker = Tracker(
             store, gateway, api, self.submitter, self.callbacks, self.worker_statuses, boot
         )

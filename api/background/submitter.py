@@ -38,11 +38,13 @@ class Submitter:
         callbacks: Callbacks,
         stopping: threading.Event,
         boot: float,
+        more: threading.Event | None = None,
     ):
         self.store = store
         self.gateway = gateway
         self.callbacks = callbacks
         self.stopping = stopping
+        self.more = more if more is not None else threading.Event()  # set: call again at once
         self.boot = boot  # when this process started: jobs accepted before it may have runs already
         self.counters = {"submitted": 0, "reconciled": 0}
         self._uncertain: set[str] = set()  # versions whose submit raised: a run may exist
@@ -50,20 +52,31 @@ class Submitter:
 
     # -- first runs -------------------------------------------------------------------------------
     def submit_pending(self) -> None:
-        """Submit every accepted job without a run, oldest first, in batches (one GraphQL document
-        each: the runs enter Dagster's queue in accept order)."""
-        batch: list[tuple[JobRecord, RunSubmission]] = []
-        for job in self.store.unsubmitted():
-            if self.stopping.is_set():
-                return
-            submission = self._submission(job)
-            if submission is None:
-                continue
-            batch.append((job, submission))
-            if len(batch) == SUBMIT_BATCH:
-                self._submit_batch(batch)
-                batch = []
-        self._submit_batch(batch)
+        """Submit accepted jobs without a run, oldest first, a batch of one kind at a time (one
+        GraphQL document each: a kind's runs enter Dagster's queue in accept order). Each call is
+        one round: every kind with jobs waiting sends its oldest batch, so a merge accepted behind
+        hundreds of shots waits for one batch of them, not for all (each kind has its own queue
+        in Dagster, so the order across kinds is nobody's FIFO). With more waiting, ``more`` wakes
+        the loop for the next round at once, which reads the jobs again: one accepted meanwhile
+        takes its turn there."""
+        by_kind: dict[str, list[JobRecord]] = {}
+        for job in self.store.unsubmitted(per_kind=SUBMIT_BATCH + 1):  # one more: is there more?
+            by_kind.setdefault(job.kind, []).append(job)
+        again = False
+        for jobs in by_kind.values():  # the kinds in the order of their oldest job
+            batch: list[tuple[JobRecord, RunSubmission]] = []
+            for job in jobs[:SUBMIT_BATCH]:
+                if self.stopping.is_set():
+                    return
+                submission = self._submission(job)
+                if submission is not None:
+                    batch.append((job, submission))
+            self._submit_batch(batch)
+            # At once again only after progress: a batch of runs still on their way into the queue
+            # (looked at above) waits the loop's interval, not a busy loop of lookups.
+            again = again or (len(jobs) > SUBMIT_BATCH and bool(batch))
+        if again:
+            self.more.set()
 
     def _submission(self, job: JobRecord) -> RunSubmission | None:
         """The run to submit for ``job``, or None when it needs none (now)."""

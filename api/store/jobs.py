@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -205,13 +205,22 @@ class JobsStore(StoreEngine):
             row.updated_at = now
             return True
 
-    def unsubmitted(self) -> list[JobRecord]:
-        """Accepted jobs never handed to Dagster (e.g. the process died in between), oldest first."""
+    def unsubmitted(self, per_kind: int | None = None) -> list[JobRecord]:
+        """Accepted jobs never handed to Dagster (e.g. the process died in between), oldest first;
+        ``per_kind``: only the oldest so many of each kind (one query, however many wait)."""
+        pending = Job.submitted_at.is_(None), Job.status.in_(("queued", "running"))
+        order = (Job.created_at, Job.version_id)
         with self._read() as s:
+            if per_kind is None:
+                rows = s.scalars(select(Job).where(*pending).order_by(*order)).all()
+                return [job_record(r) for r in rows]
+            rank = func.row_number().over(partition_by=Job.kind, order_by=order).label("rank")
+            ranked = select(Job.version_id, rank).where(*pending).subquery()
             rows = s.scalars(
                 select(Job)
-                .where(Job.submitted_at.is_(None), Job.status.in_(("queued", "running")))
-                .order_by(Job.created_at, Job.version_id)
+                .join(ranked, ranked.c.version_id == Job.version_id)
+                .where(ranked.c.rank <= per_kind)
+                .order_by(*order)
             ).all()
             return [job_record(r) for r in rows]
 
