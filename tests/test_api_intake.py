@@ -335,9 +335,10 @@ class QueuedRuns:
         return [f"run-{version}" for version in self.documents[-1]]
 
 
-def test_a_merge_waits_for_one_batch_of_the_shots_accepted_before_it_not_for_all(tmp_path, store):
+def test_a_merge_waits_for_no_batch_of_the_shots_accepted_before_it(tmp_path, store):
     """Each kind has its own queue in Dagster: the submitter sends the kinds' oldest batches in
-    turn, in accept order within each kind, and reads the jobs again after every round."""
+    turn (the shortest queue first), in accept order within each kind, and reads the jobs again
+    after every round."""
     import threading
 
     from api.background.callbacks import Callbacks
@@ -361,8 +362,8 @@ def test_a_merge_waits_for_one_batch_of_the_shots_accepted_before_it_not_for_all
     submitter = Submitter(
         store, gateway, Callbacks(store, ApiConfig(), stopping), stopping, boot=0.0, more=more
     )
-    submitter.submit_pending()  # one round: the shots' oldest batch, then the merge's
-    assert gateway.documents == [shots[:SUBMIT_BATCH], [merge]]
+    submitter.submit_pending()  # one round: the merge (its kind's queue is shorter), the shots' oldest batch
+    assert gateway.documents == [[merge], shots[:SUBMIT_BATCH]]
     assert more.is_set()  # more shots wait: the loop comes back at once
     late = intake.accept_r2v(r2v(shot_id="late"), None).job.version_id
     rounds = 1
@@ -371,6 +372,6 @@ def test_a_merge_waits_for_one_batch_of_the_shots_accepted_before_it_not_for_all
         submitter.submit_pending()
         rounds += 1
     sent = [version for document in gateway.documents for version in document]
-    assert sent == [*shots[:SUBMIT_BATCH], merge, *shots[SUBMIT_BATCH:], late]  # each kind in accept order
+    assert sent == [merge, *shots[:SUBMIT_BATCH], *shots[SUBMIT_BATCH:], late]  # each kind in accept order
     assert rounds == 3 and all(store.get(v).run_id == f"run-{v}" for v in sent)
     assert store.unsubmitted() == []

@@ -55,7 +55,7 @@ class Submitter:
         """Submit accepted jobs without a run, oldest first, a batch of one kind at a time (one
         GraphQL document each: a kind's runs enter Dagster's queue in accept order). Each call is
         one round: every kind with jobs waiting sends its oldest batch, so a merge accepted behind
-        hundreds of shots waits for one batch of them, not for all (each kind has its own queue
+        hundreds of shots waits for no batch of them, let alone all (each kind has its own queue
         in Dagster, so the order across kinds is nobody's FIFO). With more waiting, ``more`` wakes
         the loop for the next round at once, which reads the jobs again: one accepted meanwhile
         takes its turn there."""
@@ -63,7 +63,9 @@ class Submitter:
         for job in self.store.unsubmitted(per_kind=SUBMIT_BATCH + 1):  # one more: is there more?
             by_kind.setdefault(job.kind, []).append(job)
         again = False
-        for jobs in by_kind.values():  # the kinds in the order of their oldest job
+        # The kinds with the fewest waiting first (a merge or two before a batch of shots); their
+        # order is nobody's FIFO, and a short queue's jobs then wait for no other kind's batch.
+        for jobs in sorted(by_kind.values(), key=len):
             batch: list[tuple[JobRecord, RunSubmission]] = []
             for job in jobs[:SUBMIT_BATCH]:
                 if self.stopping.is_set():
