@@ -389,12 +389,15 @@ class InferenceConfig(_Strict):
                 return a.sampler
         return self.sampler
 
+    def named_samplers(self) -> list[tuple[str, Sampler]]:
+        """Every sampler of this model with the YAML key it is under (errors name it)."""
+        named = [("sampler", self.sampler)]
+        return named + [(f"adapters.{a.name}.sampler", a.sampler) for a in self.adapters if a.sampler]
+
     @model_validator(mode="after")
     def _family_guidance(self) -> InferenceConfig:
         if self.family != "ltx2":
-            where = [("sampler", self.sampler)]
-            where += [(f"adapters.{a.name}.sampler", a.sampler) for a in self.adapters if a.sampler]
-            for prefix, sampler in where:
+            for prefix, sampler in self.named_samplers():
                 if terms := sampler.guidance_terms_set():
                     raise ValueError(
                         f"{prefix}.{terms[0]}: an LTX-2 guidance term; {self.family} runs CFG only"

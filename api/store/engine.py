@@ -51,10 +51,8 @@ class _Reachable:
         return None
 
     def __exit__(self, _type: type[BaseException] | None, error: BaseException | None, _tb: Any) -> bool:
-        if error is None or isinstance(error, StoreUnavailable) or not isinstance(error, Exception):
-            return False
-        if not _unreachable(error):
-            return False
+        if not isinstance(error, Exception) or isinstance(error, StoreUnavailable) or not _unreachable(error):
+            return False  # no error, already ours, or a statement that is wrong: as it is
         global _last_warned
         if time.monotonic() - _last_warned > WARN_EVERY_S:  # once a while, not once a request
             _last_warned = time.monotonic()

@@ -496,10 +496,8 @@ class LTX2Adapter(FamilyAdapter):
         # The checkpoint's schedulers; without an audio one, __call__ samples audio on a copy of the video's.
         adapter.keep_checkpoint_scheduler(pipe.scheduler)
         adapter.keep_checkpoint_scheduler(pipe.audio_scheduler or pipe.scheduler, name="audio_scheduler")
-        samplers = [("sampler", cfg.sampler)]
-        samplers += [(f"adapters.{a.name}.sampler", a.sampler) for a in cfg.adapters if a.sampler is not None]
         layers = pipe.transformer.config.num_layers
-        for where, sampler in samplers:
+        for where, sampler in cfg.named_samplers():
             if sampler.mode == "dmd":
                 _check_sigmas(adapter.scheduler_for(sampler), sampler)
             if bad := [b for b in sampler.spatio_temporal_guidance_blocks if not 0 <= b < layers]:
