@@ -85,6 +85,9 @@ def check_server(path: Path) -> list[str]:
 
 def check(path: Path) -> list[str]:
     """Validate a server or inference YAML (told apart by their keys)."""
+    from shotloom.config import rooted
+
+    path = rooted(path, base=Path.cwd())
     if not path.is_file():
         raise CheckError("--config", f"{path} does not exist")
     data = yaml.safe_load(path.read_text()) or {}

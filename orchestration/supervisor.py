@@ -33,6 +33,7 @@ from pathlib import Path
 from contracts.environment import API_URL_ENV
 from orchestration.instance_yaml import write_dagster_yaml
 from settings.server import ServerConfig
+from shotloom.config import REPO_ROOT
 
 REPO = Path(__file__).resolve().parent.parent  # the children import the packages from here
 log = logging.getLogger("shotloom.server")
@@ -184,7 +185,7 @@ class Stack:
                     *cmd, "--threads", "1", "--nice", str(cfg.workers.media_nice), *common
                 ]  # fmt: skip
         if self.role in ("all", "control"):
-            workspace = ["-w", str(cfg.workspace)]
+            workspace = ["-w", str(cfg.workspace)] if cfg.workspace else ["-m", "orchestration.definitions"]
             self.commands["daemon"] = [py, "-m", "orchestration.daemon", "run", *workspace]
             web = cfg.webserver
             self.commands["webserver"] = [
@@ -198,7 +199,7 @@ class Stack:
         with open(self.logs / f"{name}.log", "ab") as out:
             self.procs[name] = subprocess.Popen(
                 self.commands[name],
-                cwd=REPO,
+                cwd=REPO_ROOT,  # where relative paths resolve, in every process as here
                 env=self.env(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         if not os.environ.get(env):
             parser.error(f"storage.postgres_url_env: the environment variable {env} is not set")
         os.environ[env] = dagster_postgres_url(os.environ[env])
-    stack = Stack(cfg, Path(args.config).resolve(), args.role)
+    stack = Stack(cfg, ServerConfig.located(args.config), args.role)
 
     def stop(signo: int, _frame: object) -> None:
         log.info("signal %d: shutting down", signo)

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from settings.api import ApiConfig
-from shotloom.config import REPO_ROOT, Adapter
+from shotloom.config import REPO_ROOT, Adapter, rooted
 from shotloom.parallel import ParallelConfig
 
 SERVICE_SCHEMA = "shotloom"  # the service store's PostgreSQL schema (Dagster's tables stay in public)
@@ -251,7 +251,11 @@ class ServerConfig(_Strict):
     )
     media_root: Path | None = Field(default=None, description="Default: <state_dir>/media.")
     step_storage: Path | None = Field(default=None, description="Default: <state_dir>/steps.")
-    workspace: Path = Field(default=Path("workspace.yaml"))
+    workspace: Path | None = Field(
+        default=None,
+        description="A Dagster workspace YAML for the daemon and webserver; default: the code location "
+        "module orchestration.definitions, wherever the packages are installed.",
+    )
     rerender: list[RerenderSchedule] = Field(
         default_factory=list,
         description="Scheduled re-renders (Dagster schedules in the code location), running from the start.",
@@ -273,28 +277,28 @@ class ServerConfig(_Strict):
 
     @classmethod
     def load(cls, path: str | Path) -> ServerConfig:
-        cfg = cls.model_validate(yaml.safe_load(Path(path).read_text()) or {})
+        cfg = cls.model_validate(yaml.safe_load(cls.located(path).read_text()) or {})
         return cfg.resolved()
 
-    def resolved(self) -> ServerConfig:
-        def absolute(p: Path) -> Path:
-            return p if p.is_absolute() else (REPO_ROOT / p).resolve()
+    @staticmethod
+    def located(path: str | Path) -> Path:
+        """The server YAML a command line names (relative: to the working directory, or shipped)."""
+        return rooted(path, base=Path.cwd())
 
-        state = absolute(self.state_dir)
+    def resolved(self) -> ServerConfig:
+        state = rooted(self.state_dir)
         return self.model_copy(
             update={
                 "state_dir": state,
                 "inference": InferenceRef(
-                    config=absolute(self.inference.config),
-                    adapters=[
-                        a.model_copy(update={"path": absolute(a.path)}) for a in self.inference.adapters
-                    ]
+                    config=rooted(self.inference.config),
+                    adapters=[a.model_copy(update={"path": rooted(a.path)}) for a in self.inference.adapters]
                     if self.inference.adapters is not None
                     else None,
                 ),
-                "media_root": absolute(self.media_root) if self.media_root else state / "media",
-                "step_storage": absolute(self.step_storage) if self.step_storage else state / "steps",
-                "workspace": absolute(self.workspace),
+                "media_root": rooted(self.media_root) if self.media_root else state / "media",
+                "step_storage": rooted(self.step_storage) if self.step_storage else state / "steps",
+                "workspace": rooted(self.workspace) if self.workspace else None,
                 "api": self.api.model_copy(
                     update={
                         "inputs": self.api.inputs.resolved(REPO_ROOT),

@@ -21,7 +21,25 @@ _PACKAGES_PARENT = Path(__file__).resolve().parent.parent
 # What relative paths in the YAMLs are relative to: the checkout the packages are in, or, for an
 # installed package (`pip install .`: the packages sit in site-packages), the working directory.
 REPO_ROOT = _PACKAGES_PARENT if (_PACKAGES_PARENT / "pyproject.toml").is_file() else Path.cwd()
-DEFAULT_INFERENCE_CONFIG = REPO_ROOT / "configs" / "inference.wan-tiny.yaml"
+SHIPPED_CONFIGS = "configs"  # a folder the wheel installs beside the packages (pyproject's package-data)
+
+
+def rooted(path: str | Path, base: Path | None = None) -> Path:
+    """A relative path made absolute against ``base`` (a YAML's paths: :data:`REPO_ROOT`; the
+    command line's: the working directory). A shipped YAML (``configs/...``) that is not there is
+    the one installed beside the packages, so an installed ``shotloom serve`` starts anywhere on its
+    defaults."""
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return p
+    here = ((REPO_ROOT if base is None else base) / p).resolve()
+    shipped = (_PACKAGES_PARENT / p).resolve()
+    if here.exists() or not p.parts or p.parts[0] != SHIPPED_CONFIGS or not shipped.is_file():
+        return here
+    return shipped
+
+
+DEFAULT_INFERENCE_CONFIG = Path(SHIPPED_CONFIGS) / "inference.wan-tiny.yaml"
 
 
 def env(name: str) -> str | None:
@@ -414,8 +432,9 @@ class InferenceConfig(_Strict):
 
 
 def resolve_config_path(path: str | Path | None = None) -> Path:
-    chosen = path or env("INFERENCE_CONFIG") or DEFAULT_INFERENCE_CONFIG
-    return Path(chosen).expanduser().resolve()
+    if path or env("INFERENCE_CONFIG"):
+        return rooted(path or env("INFERENCE_CONFIG") or "", base=Path.cwd())
+    return rooted(DEFAULT_INFERENCE_CONFIG)
 
 
 def load_inference_config(path: str | Path | None = None) -> InferenceConfig:
@@ -429,10 +448,8 @@ def load_inference_config(path: str | Path | None = None) -> InferenceConfig:
     if checkpoint:
         cfg.paths.checkpoint = Path(checkpoint)
     for name in ("checkpoint", "cache_dir"):
-        p = Path(getattr(cfg.paths, name)).expanduser()
-        setattr(cfg.paths, name, p if p.is_absolute() else (REPO_ROOT / p).resolve())
+        setattr(cfg.paths, name, rooted(getattr(cfg.paths, name)))
     for adapter in cfg.adapters:
-        p = adapter.path.expanduser()
-        adapter.path = p if p.is_absolute() else (REPO_ROOT / p).resolve()
+        adapter.path = rooted(adapter.path)
     cfg.source = cfg_path
     return cfg

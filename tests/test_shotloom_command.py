@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import av
+import httpx
+import pytest
 import yaml
 
 from shotloom.config import REPO_ROOT
@@ -96,3 +98,107 @@ def test_an_installed_package_reads_relative_paths_from_the_working_directory(tm
     assert installed.stdout.strip() == str(work)
     checkout = subprocess.run([sys.executable, "-c", code], cwd=work, capture_output=True, text=True)
     assert checkout.stdout.strip() == str(REPO_ROOT)
+
+
+def _built_wheel(out: Path) -> Path:
+    """The wheel `pip install .` installs, built from what a clone of this tree holds (tracked and
+    new files, nothing ignored: no stale build/ folder), unpacked as pip lays out a pure wheel."""
+    src = out / "src"
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=REPO_ROOT, capture_output=True, check=True, text=True,
+    ).stdout  # fmt: skip
+    for name in filter(None, listed.split("\0")):
+        if (REPO_ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / name, src / name)
+    pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+    built = subprocess.run([*pip, "-w", str(out), "."], cwd=src, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = out.glob("shotloom-*.whl")
+    site = out / "site"
+    shutil.unpack_archive(wheel, site, format="zip")
+    return site
+
+
+@pytest.mark.slow
+def test_the_installed_package_serves_from_an_empty_directory_on_its_shipped_configs(tmp_path):
+    """`pip install .`, then `shotloom serve` in a directory of the user's: the shipped YAMLs are
+    found, the code location loads without a workspace file, and every process keeps its state
+    (the tiny checkpoint, the database, the MP4) under that directory, not beside the packages."""
+    from api_stack import wait_for
+    from conftest import free_port, stop_server
+
+    site = _built_wheel(tmp_path / "wheel")
+    assert (site / "configs" / "server.cpu.yaml").is_file()
+    assert (site / "configs" / "models" / "wan2.1-t2v-1.3b.yaml").is_file()
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHOTLOOM_", "ECHO_", "DAGSTER_"))}
+    env["PYTHONPATH"] = str(site)  # ahead of this checkout's editable install
+    cli = [sys.executable, "-m", "orchestration.cli"]
+
+    done = subprocess.run(
+        [*cli, "check", "--config", "configs/server.cpu.yaml"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"state in {work / 'var' / 'server'}" in done.stdout
+    assert f"{work / 'checkpoints' / 'wan-tiny'} is missing" in done.stdout  # built at first load
+
+    api_port = free_port()
+    (work / "server.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "inference": {"config": "configs/inference.wan-tiny.yaml"},  # the shipped one
+                "webserver": {"host": "127.0.0.1", "port": free_port()},
+                "workers": {"warm": True, "devices": [{"device": "cpu", "threads": 1}]},
+                "api": {"host": "127.0.0.1", "port": api_port},
+            }
+        )
+    )
+    out = open(work / "serve.out", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [*cli, "serve", "--config", "server.yaml"],
+        cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{api_port}"
+
+    def explain() -> str:
+        logs = sorted((work / "var" / "server" / "logs").glob("*.log"))
+        return "\n".join(p.read_text()[-3000:] for p in [work / "serve.out", *logs] if p.is_file())
+
+    try:
+
+        def ready() -> bool:
+            assert proc.poll() is None, explain()
+            try:
+                return httpx.get(base + "/health", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, 240, "the installed service to be ready", interval=1, explain=explain)
+        accepted = httpx.post(
+            base + "/r2v",
+            json={"work_id": "w", "shot_id": "s1", "prompt": "a kite", "memory_slots": [], "seed": 1},
+            timeout=30,
+        )
+        assert accepted.status_code == 202, accepted.text
+        version = accepted.json()["version_id"]
+
+        def finished() -> dict | None:
+            body = httpx.get(f"{base}/version/{version}", timeout=10).json()
+            return body if body["status"] in ("succeeded", "failed") else None
+
+        body = wait_for(finished, 180, f"version {version}", interval=0.5, explain=explain)
+        assert body["status"] == "succeeded", body
+        media = list((work / "var" / "server" / "media").rglob("*.mp4"))
+        assert media, explain()
+        with av.open(str(media[0])) as clip:
+            assert sum(1 for _ in clip.decode(video=0)) > 0
+        assert (work / "checkpoints" / "wan-tiny" / "model_index.json").is_file()
+        assert (work / "var" / "server" / "api" / "service.sqlite").is_file()
+        assert not (site / "var").exists() and not (site / "checkpoints").exists()
+    finally:
+        stop_server(proc, grace=60)
+        out.close()
