@@ -40,6 +40,12 @@ class ParallelConfig(BaseModel):
 
     ulysses: int = Field(default=1, ge=1, description="Ulysses degree: must divide the DiT's head count.")
     ring: int = Field(default=1, ge=1, description="Ring degree (CUDA only: needs an LSE attention backend).")
+    collective_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="How long the ranks wait for each other (joining, and each collective of a denoise) "
+        "before the group counts as lost and restarts; longer than a rank's slowest step.",
+    )
 
     @property
     def degree(self) -> int:
@@ -341,7 +347,6 @@ class GroupSpec(BaseModel):
     parallel: ParallelConfig
     device_type: str = Field(pattern="^(cpu|cuda)$")
     threads: int = Field(default=0, ge=0, description="torch CPU threads of each follower rank (0: torch's).")
-    timeout_s: float = Field(default=600.0, gt=0, description="How long a collective waits for a rank.")
 
 
 class RankGroup:
@@ -417,7 +422,11 @@ class RankGroup:
             self._procs.append(proc)
             self._pipes.append(ours)
         self.device = init_group(
-            0, self.spec.parallel, self.spec.device_type, master_port=port, timeout_s=self.spec.timeout_s
+            0,
+            self.spec.parallel,
+            self.spec.device_type,
+            master_port=port,
+            timeout_s=self.spec.parallel.collective_timeout_s,
         )
         return self.device
 
@@ -479,7 +488,9 @@ def _follower_main(rank: int, spec: GroupSpec, port: int, pipe: Any) -> None:
     log = logging.getLogger(f"shotloom.rank{rank}")
     if spec.threads > 0:
         torch.set_num_threads(spec.threads)
-    device = init_group(rank, spec.parallel, spec.device_type, master_port=port, timeout_s=spec.timeout_s)
+    device = init_group(
+        rank, spec.parallel, spec.device_type, master_port=port, timeout_s=spec.parallel.collective_timeout_s
+    )
     runtime = get_runtime(None, device)
     runtime.adapter  # noqa: B018 - loads now: the first run does not wait for this rank
     try:

@@ -41,7 +41,12 @@ def stack(tmp_path_factory):
     state.mkdir()
     devices = [
         {"device": "cpu", "threads": 1},
-        {"device": "cpu", "threads": 1, "ids": [0, 1], "parallel": {"ulysses": 2}},
+        {
+            "device": "cpu",
+            "threads": 1,
+            "ids": [0, 1],
+            "parallel": {"ulysses": 2, "collective_timeout_s": 120},
+        },
     ]
     config = write_server_yaml(
         root / "server.yaml", state, free_port(), inference, api={"host": "127.0.0.1", "port": free_port()}
@@ -123,7 +128,11 @@ def test_a_group_is_one_slot_and_makes_the_same_shot_as_one_device(stack):
     assert group["group"]["ranks"] == 2 and group["group"]["dead_ranks"] == []
     assert worker_status(stack, SINGLE)["group"] is None
     health = {w["name"]: w for w in stack.get("/health").json()["inference"]["workers"]}
-    assert health[GROUP]["ready"] and health[GROUP]["group"]["parallel"] == {"ulysses": 2, "ring": 1}
+    assert health[GROUP]["ready"] and health[GROUP]["group"]["parallel"] == {
+        "ulysses": 2,
+        "ring": 1,
+        "collective_timeout_s": 120,  # the YAML's, reaching the ranks
+    }
     assert health[SINGLE]["ready"] and health[SINGLE]["group"] is None
 
     versions = [submit(stack, f"s{i}") for i in range(6)]

@@ -187,7 +187,9 @@ def _rank0_fails_alone(checkpoint: Path, config_path: Path, out: Path) -> None:
 
     reported: list[list[int]] = []
     group = RankGroup(
-        GroupSpec(parallel=ParallelConfig(ulysses=RANKS), device_type="cpu", threads=1, timeout_s=60),
+        GroupSpec(
+            parallel=ParallelConfig(ulysses=RANKS, collective_timeout_s=60), device_type="cpu", threads=1
+        ),
         on_lost=reported.append,
     )
     rt = get_runtime(None, group.start())
