@@ -23,7 +23,11 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def conditioning_key(encoder_identity: str, req: GenerationRequest) -> str:
+def conditioning_key(encoder_identity: str, req: GenerationRequest, uses_negative: bool | None = None) -> str:
+    """The cache key of ``req``'s conditioning; ``uses_negative``: whether it holds the negative
+    prompt's (the family's :meth:`~shotloom.families.base.FamilyAdapter.uses_negative`; default:
+    the request's guidance > 1)."""
+
     def digest(p: Path | None) -> str | None:
         return file_sha256(p) if p is not None else None
 
@@ -31,7 +35,7 @@ def conditioning_key(encoder_identity: str, req: GenerationRequest) -> str:
         "encoder": encoder_identity,
         "prompt": req.prompt,
         "negative_prompt": req.negative_prompt,
-        "uses_negative": req.guidance_scale > 1.0,
+        "uses_negative": req.guidance_scale > 1.0 if uses_negative is None else uses_negative,
         "geometry": [req.width, req.height, req.num_frames, req.fps],
         "first_frame": digest(req.first_frame),
         "last_frame": digest(req.last_frame),

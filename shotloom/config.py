@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -63,8 +63,9 @@ SamplerMode = Literal["native", "dmd"]
 NATIVE_DEFAULT_STEPS = 40  # between Wan's 50 and LTX-2's 30-40: a YAML for a real checkpoint says its own
 
 
-# Sampler fields only LTX-2 runs (its pipeline's guidance terms besides CFG).
+# Sampler fields only LTX-2 runs (its audio stream's CFG, its pipeline's guidance terms besides CFG).
 LTX2_GUIDANCE_TERMS = (
+    "audio_guidance_scale",
     "stg_scale",
     "audio_stg_scale",
     "spatio_temporal_guidance_blocks",
@@ -73,6 +74,21 @@ LTX2_GUIDANCE_TERMS = (
     "guidance_rescale",
     "audio_guidance_rescale",
 )
+
+
+class StepCalls(NamedTuple):
+    """What one sampling step evaluates, as ``LTX2ConditionPipeline.__call__`` decides it: the
+    [negative, positive] CFG batch (either stream's guidance > 1), an STG call and a modality-isolated
+    call (each on the positive half). A family without those terms: CFG alone."""
+
+    cfg: bool
+    stg: bool
+    modality: bool
+
+    @property
+    def evaluations(self) -> int:
+        """DiT evaluations a step (a CFG batch counts two)."""
+        return (2 if self.cfg else 1) + self.stg + self.modality
 
 
 class Sampler(_Strict):
@@ -159,8 +175,20 @@ class Sampler(_Strict):
             )
         return self
 
+    def audio_guidance(self, guidance: float) -> float:
+        """The audio stream's CFG scale for a request with ``guidance`` (LTX-2)."""
+        return guidance if self.audio_guidance_scale is None else self.audio_guidance_scale
+
+    def step_calls(self, guidance: float) -> StepCalls:
+        """What each step of a request with ``guidance`` evaluates on this sampler."""
+        return StepCalls(
+            cfg=guidance > 1.0 or self.audio_guidance(guidance) > 1.0,
+            stg=self.stg_scale > 0 or (self.audio_stg_scale or 0) > 0,
+            modality=self.modality_scale > 1 or (self.audio_modality_scale or 0) > 1,
+        )
+
     def guidance_terms_set(self) -> list[str]:
-        """The LTX-2 guidance terms besides CFG this sampler sets away from off."""
+        """The LTX-2-only guidance keys this sampler sets away from off."""
         off = Sampler.model_fields
         return [
             k

@@ -307,7 +307,7 @@ class ModelRuntime:
         time across the device workers, and a worker that waited finds its twin's result cached.
         """
         on_stage(stages.CACHE_LOOKUP)
-        key = conditioning_key(self.adapter.encoder_identity(), req)
+        key = conditioning_key(self.adapter.encoder_identity(), req, self.adapter.uses_negative(req))
         cached = self._cached(key)
         if cached is not None:
             return cached, True

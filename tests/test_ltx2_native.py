@@ -241,14 +241,37 @@ def test_image_conditions_equal_the_pipelines_own_call(adapter, pipe, media, dit
     assert dit_calls["engine"].take() == dit_calls["pipeline"].take() == (STEPS, 2 * STEPS)
 
 
-def test_without_guidance_one_dit_evaluation_a_step(adapter, pipe, dit_calls):
+def test_without_guidance_one_dit_evaluation_a_step(checkpoint, pipe, dit_calls):
+    unguided = LTX2Adapter.load(native_config(checkpoint, audio_guidance_scale=None))  # audio: the video's
+    calls = DiTCalls(unguided.pipe.transformer)
     req = request(guidance_scale=1.0)
-    out = adapter.denoise(adapter.encode(req), req)
-    video, audio = reference(pipe, guidance_scale=1.0, audio_guidance_scale=1.0)
+    out = unguided.denoise(unguided.encode(req), req)
+    video, audio = reference(pipe, guidance_scale=1.0, audio_guidance_scale=None)
     assert torch.equal(out.tensors["video"], video) and torch.equal(out.tensors["audio"], audio)
-    assert dit_calls["engine"].take() == dit_calls["pipeline"].take() == (STEPS, STEPS)
+    assert calls.take() == dit_calls["pipeline"].take() == (STEPS, STEPS)
     sampling = out.meta["sampling"]
     assert sampling["dit_calls_per_step"] == 1 and "audio_guidance_scale" not in sampling
+
+
+def test_a_request_without_guidance_keeps_the_samplers_audio_guidance(adapter, pipe, dit_calls):
+    """The request's guidance 1 with the sampler's audio guidance 7: ``__call__`` still runs the
+    [negative, positive] batch (the video's delta zero, the audio's guided), and so does the engine:
+    its conditioning holds the negative prompt, cached apart from an unguided one's."""
+    from shotloom.cache import conditioning_key
+
+    req = request(guidance_scale=1.0)
+    assert adapter.uses_negative(req)
+    cond = adapter.encode(req)
+    assert "negative_prompt_embeds" in cond.tensors and cond.meta["uses_negative"]
+    identity = adapter.encoder_identity()
+    assert conditioning_key(identity, req, True) != conditioning_key(identity, req, False)
+    out = adapter.denoise(cond, req)
+    video, audio = reference(pipe, guidance_scale=1.0, audio_guidance_scale=AUDIO_GUIDANCE)
+    assert torch.equal(out.tensors["video"], video) and torch.equal(out.tensors["audio"], audio)
+    assert dit_calls["engine"].take() == dit_calls["pipeline"].take() == (STEPS, 2 * STEPS)
+    sampling = out.meta["sampling"]
+    assert (sampling["guidance_scale"], sampling["audio_guidance_scale"]) == (1.0, AUDIO_GUIDANCE)
+    assert sampling["dit_calls_per_step"] == 2
 
 
 # -- LTX-2's further guidance terms -----------------------------------------------------------------
@@ -305,7 +328,24 @@ def test_guidance_terms_are_refused_where_they_cannot_run(checkpoint):
         ValueError, match=r"sampler\.modality_scale: an LTX-2 guidance term; wan runs CFG only"
     ):
         InferenceConfig.model_validate({**wan, "sampler": {"mode": "native", "modality_scale": 2.0}})
+    with pytest.raises(ValueError, match=r"sampler\.audio_guidance_scale: an LTX-2 guidance term"):
+        InferenceConfig.model_validate({**wan, "sampler": {"mode": "native", "audio_guidance_scale": 5.0}})
     InferenceConfig.model_validate(wan)  # the terms' off values are every family's
+
+
+def test_a_step_counts_the_evaluations_the_pipeline_makes_and_the_eta_counts_them_too():
+    """LTX-2 at diffusers' defaults (configs/models/ltx2-dev.yaml): the CFG batch, STG and modality
+    isolation, four evaluations a step, also at the request's guidance 1 (the audio's is 7); the
+    API's ETA prices a queued job's denoising by them."""
+    from api.core.sampling import dit_calls
+    from shotloom.config import REPO_ROOT, StepCalls, load_inference_config
+
+    dev = load_inference_config(REPO_ROOT / "configs" / "models" / "ltx2-dev.yaml").sampler
+    assert dev.step_calls(3.0) == dev.step_calls(1.0) == StepCalls(cfg=True, stg=True, modality=True)
+    assert dev.step_calls(1.0).evaluations == 4 and dit_calls(30, 1.0, dev) == 120
+    plain = native_config(Path("unused"), audio_guidance_scale=None).sampler
+    assert plain.step_calls(1.0).evaluations == 1 and plain.step_calls(3.0).evaluations == 2
+    assert dit_calls(30, 1.0) == 30 and dit_calls(30, 3.0) == 60  # no sampler known: CFG alone
 
 
 # -- steps, shift, modes ---------------------------------------------------------------------------
@@ -313,7 +353,8 @@ def test_steps_per_request_change_the_schedule(adapter, dit_calls):
     seen: list[tuple[int, int]] = []
     req = request(num_inference_steps=2, guidance_scale=1.0)
     two = adapter.denoise(adapter.encode(req), req, progress=lambda i, n: seen.append((i, n)))
-    assert seen == [(1, 2), (2, 2)] and dit_calls["engine"].take() == (2, 2)
+    # Two calls on the [negative, positive] batch: the sampler's audio guidance keeps CFG on.
+    assert seen == [(1, 2), (2, 2)] and dit_calls["engine"].take() == (2, 4)
     assert two.meta["sampling"]["steps"] == 2 and len(two.meta["sigmas"]) == 2
     default = adapter.denoise(adapter.encode(request()), request(num_inference_steps=None))
     assert default.meta["sampling"]["steps"] == STEPS  # the sampler's own count
@@ -351,7 +392,7 @@ def test_video_to_video_starts_at_the_strength(adapter, media, dit_calls):
     out = adapter.denoise(cond, req)
     sigmas = out.meta["sigmas"]
     assert 0 < len(sigmas) < 8 and sigmas[0] <= 0.5 + 1e-6 and out.meta["sampling"]["steps"] == len(sigmas)
-    assert dit_calls["engine"].take() == (len(sigmas), len(sigmas))
+    assert dit_calls["engine"].take() == (len(sigmas), 2 * len(sigmas))  # the audio's CFG batch
     assert torch.equal(adapter.denoise(cond, req).tensors["video"], out.tensors["video"])  # same seed
 
 

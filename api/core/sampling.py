@@ -116,9 +116,12 @@ class SamplingRule:
         }
 
 
-def dit_calls(steps: int, guidance: float) -> int:
-    """The DiT forward passes a generation costs: a step each, two with classifier-free guidance."""
-    return steps * (2 if guidance > 1.0 else 1)
+def dit_calls(steps: int, guidance: float, sampler: Sampler | None = None) -> int:
+    """The DiT evaluations a generation costs: each step's, on ``sampler`` (its
+    :meth:`~shotloom.config.Sampler.step_calls`: LTX-2's audio guidance and further terms count), else
+    one a step and two with classifier-free guidance."""
+    per_step = sampler.step_calls(guidance).evaluations if sampler is not None else 2 if guidance > 1.0 else 1
+    return steps * per_step
 
 
 RuleFor = Callable[[str | None], SamplingRule]  # adapter name (or None) -> its rule (JobService.sampling)

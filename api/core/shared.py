@@ -174,8 +174,9 @@ class SharedSteps:
 
     def stage_timing(self) -> tuple[dict[str, float], float | None]:
         """(the median duration of each stage, the median seconds of the inferring stage per DiT
-        call) over recent finished shots: denoising costs a DiT call per step, two with guidance
-        above 1, so a job's inferring time is its own calls at that rate. ({}, None) before the
+        call) over recent finished shots: denoising costs each step's DiT evaluations (the run's
+        record of them; else two with guidance above 1, one without), so a job's inferring time is
+        its own calls at that rate. ({}, None) before the
         first; None also while none has recorded its steps and guidance.)"""
         recent = self.store.recent_stage_times(DURATION_SAMPLES)
         durations = [stage_durations(times, end) for times, end, _ in recent]
@@ -183,7 +184,9 @@ class SharedSteps:
         for took, (_, _, result) in zip(durations, recent, strict=True):
             steps, guidance = result.get("num_inference_steps"), result.get("guidance_scale")
             if steps and guidance is not None and stages.INFERRING in took:
-                per_call.append(took[stages.INFERRING] / dit_calls(int(steps), float(guidance)))
+                recorded = (result.get("sampler") or {}).get("dit_calls_per_step")  # what it ran
+                calls = int(steps) * int(recorded) if recorded else dit_calls(int(steps), float(guidance))
+                per_call.append(took[stages.INFERRING] / calls)
         return stage_medians(durations), statistics.median(per_call) if per_call else None
 
     def retry_after_s(self) -> int:

@@ -635,8 +635,10 @@ class VideoServing:
         medians, per_call, whole = self.timing()
         steps, guidance = sampling.get("num_inference_steps"), sampling.get("guidance_scale")
         if per_call is not None and stages.INFERRING in medians and steps and guidance is not None:
-            # Denoising costs this job's own DiT calls (its steps, doubled by guidance).
-            medians = {**medians, stages.INFERRING: round(per_call * dit_calls(steps, guidance), 3)}
+            # Denoising costs this job's own DiT calls (its steps, each its sampler's evaluations).
+            shot = job.request.shot
+            sampler = self.jobs.sampling(shot.lora).sampler if shot is not None else None
+            medians = {**medians, stages.INFERRING: round(per_call * dit_calls(steps, guidance, sampler), 3)}
         return eta_s(
             job.status,
             job.stage,

@@ -213,11 +213,16 @@ class FamilyAdapter(ABC):
             "scheduler": type(self.pipe.scheduler).__name__,
             "steps": len(sigmas),
             "guidance_scale": req.guidance_scale,
-            "dit_calls_per_step": 2 if req.guidance_scale > 1.0 else 1,
+            "dit_calls_per_step": sampler.step_calls(req.guidance_scale).evaluations,
             "sigmas": [round(s, 6) for s in sigmas],
             "step_cache": describe_step_cache(self.cfg.performance, self.step_cache_name(req)),
             **{k: v for k, v in extra.items() if v is not None},
         }
+
+    def uses_negative(self, req: GenerationRequest) -> bool:
+        """Whether ``req`` samples with classifier-free guidance (its sampler's
+        :meth:`~shotloom.config.Sampler.step_calls`), so its conditioning holds the negative prompt's."""
+        return self.cfg.sampler_for(req.lora).step_calls(req.guidance_scale).cfg
 
     def sampling(self, req: GenerationRequest):
         """The sampler that runs ``req`` (its adapter's, or the model's) and its step count."""

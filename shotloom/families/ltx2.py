@@ -69,7 +69,7 @@ from PIL import Image
 
 from shotloom.bundle import TensorBundle
 from shotloom.capabilities import Capabilities, CapabilityError
-from shotloom.config import InferenceConfig, Sampler, Tiling
+from shotloom.config import InferenceConfig, Sampler, StepCalls, Tiling
 from shotloom.families.base import DecodedMedia, FamilyAdapter, Progress, source_frames
 from shotloom.families.weights import build_checkpoint, ensure_checkpoint, place_pipeline
 from shotloom.guides import guide_field, guide_frames
@@ -375,47 +375,44 @@ class _Guidance:
 
 @dataclass(frozen=True)
 class _Terms:
-    """Which extra DiT calls a step makes (``__call__``'s: STG when either stream's scale is > 0,
-    modality isolation when either's is > 1) and each stream's guidance."""
+    """Each stream's guidance and the DiT calls a step makes (the sampler's
+    :meth:`~shotloom.config.Sampler.step_calls`, as ``__call__`` decides them)."""
 
     video: _Guidance
     audio: _Guidance
+    calls: StepCalls
     stg_blocks: tuple[int, ...] = ()
 
-    @property
-    def stg(self) -> bool:
-        return self.video.stg > 0 or self.audio.stg > 0
-
-    @property
-    def modality(self) -> bool:
-        return self.video.modality > 1 or self.audio.modality > 1
-
     @classmethod
-    def of(cls, sampler: Sampler, scale: float, audio_scale: float) -> _Terms:
+    def of(cls, sampler: Sampler, scale: float) -> _Terms:
+        """The terms of a request with guidance ``scale`` on ``sampler`` (each audio_* value None:
+        the video's, as ``__call__``)."""
+
         def audio(value: float | None, video: float) -> float:
             return video if value is None else value
 
         return cls(
             _Guidance(scale, sampler.stg_scale, sampler.modality_scale, sampler.guidance_rescale),
             _Guidance(
-                audio_scale,
+                sampler.audio_guidance(scale),
                 audio(sampler.audio_stg_scale, sampler.stg_scale),
                 audio(sampler.audio_modality_scale, sampler.modality_scale),
                 audio(sampler.audio_guidance_rescale, sampler.guidance_rescale),
             ),
+            sampler.step_calls(scale),
             tuple(sampler.spatio_temporal_guidance_blocks),
         )
 
     def record(self) -> dict[str, Any]:
         """The terms that ran, for the sampling record (nothing when only CFG did)."""
         out: dict[str, Any] = {}
-        if self.stg:
+        if self.calls.stg:
             out.update(
                 stg_scale=self.video.stg,
                 audio_stg_scale=self.audio.stg,
                 spatio_temporal_guidance_blocks=list(self.stg_blocks),
             )
-        if self.modality:
+        if self.calls.modality:
             out.update(modality_scale=self.video.modality, audio_modality_scale=self.audio.modality)
         if self.video.rescale > 0 or self.audio.rescale > 0:
             out.update(guidance_rescale=self.video.rescale, audio_guidance_rescale=self.audio.rescale)
@@ -608,7 +605,7 @@ class LTX2Adapter(FamilyAdapter):
             "height": req.height,
             "num_frames": req.num_frames,
             "fps": req.fps,
-            "uses_negative": req.guidance_scale > 1.0,
+            "uses_negative": self.uses_negative(req),
             "audio_in": audio is not None,
             "conditions": [
                 {"role": c.role, "pixel_frame": c.pixel_frame, "strength": c.strength} for c in conditions
@@ -619,7 +616,7 @@ class LTX2Adapter(FamilyAdapter):
     def _encode_text(self, req: GenerationRequest, device: torch.device) -> dict[str, torch.Tensor]:
         """Gemma hidden states, then the connectors: their output is ~25x smaller than Gemma's layer stack."""
         pipe = self.pipe
-        use_negative = req.guidance_scale > 1.0
+        use_negative = self.uses_negative(req)
         embeds, mask, neg_embeds, neg_mask = pipe.encode_prompt(
             prompt=req.prompt,
             negative_prompt=req.negative_prompt,
@@ -770,15 +767,11 @@ class LTX2Adapter(FamilyAdapter):
         video = self._noised(video, generator, noise_scale)
         held = "audio_latents" in t
         audio = self._prepare_audio(t, dims, generator, device, noise_scale if v2v else None)
-        # 4. Sample. CFG (a [negative, positive] batch) runs with the request's guidance > 1; the audio
-        #    stream's scale is the sampler's audio_guidance_scale, or the video's (as __call__'s None).
+        # 4. Sample: CFG (a [negative, positive] batch) where either stream's guidance is > 1 (the
+        #    video's is the request's), and LTX-2's further terms (STG, modality isolation, rescale)
+        #    as the sampler sets them.
         hold = self._audio_hold(t) if held else None
-        guided = req.guidance_scale > 1.0
-        audio_scale = req.guidance_scale
-        if guided and sampler.audio_guidance_scale is not None:
-            audio_scale = sampler.audio_guidance_scale
-        #    LTX-2's further terms (STG, modality isolation, rescale) as the sampler sets them.
-        terms = _Terms.of(sampler, req.guidance_scale, audio_scale)
+        terms = _Terms.of(sampler, req.guidance_scale)
         with self.step_cache(req, len(sched.timesteps)):
             latents, audio = self._sample(
                 t, video, audio, held, hold, (sched, audio_sched), req, dims, progress, sampler.mode, terms
@@ -820,8 +813,7 @@ class LTX2Adapter(FamilyAdapter):
                 sampler,
                 req,
                 used,
-                audio_guidance_scale=audio_scale if guided else None,
-                dit_calls_per_step=(2 if guided else 1) + terms.stg + terms.modality,
+                audio_guidance_scale=terms.audio.cfg if terms.calls.cfg else None,
                 **terms.record(),
             ),
         }
@@ -861,7 +853,7 @@ class LTX2Adapter(FamilyAdapter):
             given = getattr(req, name)
             if meta.get(name) != given:
                 raise ValueError(f"{name}: conditioning was encoded at {meta.get(name)}, request has {given}")
-        if req.guidance_scale > 1.0 and "negative_prompt_embeds" not in cond.tensors:
+        if self.uses_negative(req) and "negative_prompt_embeds" not in cond.tensors:
             raise ValueError("guidance_scale: conditioning has no negative prompt (encoded with guidance 1)")
 
     @property
@@ -1012,7 +1004,7 @@ class LTX2Adapter(FamilyAdapter):
         device = torch.device(self.device)
         sched, audio_sched = schedulers
         names = ("prompt_embeds", "audio_prompt_embeds", "prompt_attention_mask")
-        if terms.video.cfg > 1.0:  # CFG batch: [negative, positive]
+        if terms.calls.cfg:  # CFG batch: [negative, positive]
             text = [torch.cat([t[f"negative_{n}"], t[n]]) for n in names]
         else:
             text = [t[n] for n in names]
@@ -1075,12 +1067,12 @@ class LTX2Adapter(FamilyAdapter):
                 video_preds, audio_preds = _Preds(both[0]), _Preds(both[1])
             # STG and modality isolation perturb the positive prompt's call (the batch's last).
             positive = {k: v[batch - 1 :] for k, v in inputs.items()}
-            if terms.stg:
+            if terms.calls.stg:
                 stg = call(
                     "uncond_stg", positive, where, spatio_temporal_guidance_blocks=list(terms.stg_blocks)
                 )
                 video_preds, audio_preds = replace(video_preds, stg=stg[0]), replace(audio_preds, stg=stg[1])
-            if terms.modality:
+            if terms.calls.modality:
                 alone = call("uncond_modality", positive, where, isolate_modalities=True)
                 video_preds = replace(video_preds, modality=alone[0])
                 audio_preds = replace(audio_preds, modality=alone[1])

@@ -428,7 +428,7 @@ class WanAdapter(FamilyAdapter):
         device = pipe._execution_device
         # Read the VACE video (frames and guides) first: a bad file fails before any encoder runs.
         vace_video = self._vace_video(req) if kind == VACE else None
-        use_negative = req.guidance_scale > 1.0
+        use_negative = self.uses_negative(req)
         prompt_embeds, negative = pipe.encode_prompt(
             prompt=req.prompt,
             negative_prompt=req.negative_prompt,
@@ -650,7 +650,7 @@ class WanAdapter(FamilyAdapter):
                 raise ValueError(
                     f"{name}: conditioning was encoded at {meta[name]}, request has {getattr(req, name)}"
                 )
-        if req.guidance_scale > 1.0 and "negative_prompt_embeds" not in cond.tensors:
+        if self.uses_negative(req) and "negative_prompt_embeds" not in cond.tensors:
             raise ValueError(
                 "guidance_scale: conditioning has no negative_prompt_embeds (encoded with guidance 1)"
             )
