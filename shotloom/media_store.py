@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import stat
-import urllib.parse
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -22,6 +21,20 @@ THUMBNAIL_NAME = "thumbnail.png"
 SPRITESHEET_NAME = "spritesheet.png"
 KEPT_REFERENCE_DIR = "reference"  # beside a shot's MP4: its frames and sound for later shots
 KEPT_REFERENCE_MANIFEST = "reference.json"
+
+
+def path_part(value: str) -> str:
+    """``value`` as part of a path under the root (a client's work or shot id, which may hold
+    ``/``: folders within folders), refused with a ValueError saying why where it would lead
+    elsewhere or name nothing: an empty, ``.`` or ``..`` segment (a leading or doubled ``/``
+    included), a ``\\`` or NUL, a segment over 255 bytes."""
+    if "\\" in value or "\x00" in value:
+        raise ValueError("is part of a path under the media root: no '\\' or NUL")
+    if any(seg in ("", ".", "..") for seg in value.split("/")):
+        raise ValueError("is part of a path under the media root: no empty, '.' or '..' segment")
+    if any(len(seg.encode()) > 255 for seg in value.split("/")):
+        raise ValueError("is part of a path under the media root: at most 255 bytes between slashes")
+    return value
 
 
 class LocalMediaStore:
@@ -56,9 +69,11 @@ class LocalMediaStore:
 
     def served(self, asset_path: str) -> tuple[Path, os.stat_result] | None:
         """The regular file a client's ``asset_path`` names (and its stat), or None for anything
-        missing or outside the root: ``..``, percent-encoded traversal, absolute paths, a symlink
-        leading out. The caller answers all of them alike."""
-        decoded = urllib.parse.unquote(asset_path)  # a client (or proxy) may have double-encoded
+        missing or outside the root: ``..``, absolute paths, a symlink leading out. The path is
+        taken as it is (the URL was decoded once, by the HTTP server; a second decode would make
+        ``%41`` in a client's id unreachable, and what a double-encoded ``..`` decodes to once is a
+        plain name). The caller answers all of them alike."""
+        decoded = asset_path
         if not decoded or "\x00" in decoded or "\\" in decoded:
             return None
         pure = PurePosixPath(decoded)

@@ -13,6 +13,9 @@ from shotloom.config import NO_STEP_CACHE, Defaults, Performance, Sampler
 
 GuideKind = Literal["video", "audio"]
 
+# Seeds are 0 <= seed < MAX_SEED: what torch.manual_seed and every generator seeded from it take.
+MAX_SEED = 2**32
+
 
 @dataclass(frozen=True)
 class MemorySlot:
@@ -173,7 +176,7 @@ def resolve(
         height=height or defaults.height,
         num_frames=num_frames or defaults.num_frames,
         fps=fps or defaults.fps,
-        seed=seed if seed is not None else random.randrange(2**32),
+        seed=seed if seed is not None else random.randrange(MAX_SEED),
         guidance_scale=sampling.guidance_scale,
         num_inference_steps=sampling.num_inference_steps,
         negative_prompt=negative_prompt if negative_prompt is not None else defaults.negative_prompt,

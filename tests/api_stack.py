@@ -7,7 +7,8 @@ import logging
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,24 @@ def wait_for(
                     facts = f"\n(could not gather the facts: {exc!r})"
             raise AssertionError(f"timed out waiting for {what}{facts}")
         time.sleep(interval)
+
+
+@contextmanager
+def served(app: Any) -> Iterator[str]:
+    """``app`` served by Uvicorn on a thread of this process, over real HTTP (what an in-process
+    transport does not do alike: decode the path once); yields its base URL."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 20, "the app to serve", interval=0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 @dataclass

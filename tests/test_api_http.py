@@ -275,6 +275,11 @@ def test_same_job_id_returns_the_original_version_and_other_payload_conflicts(ap
         ({"num_frames": 0}, 422, "num_frames"),
         ({"callback_url": "ftp://x"}, 422, "callback_url"),
         ({"memory_slots": [{"shot_id": "never-made"}]}, 409, "memory_slots[0].shot_id"),
+        # Ids name folders of the media store: none may lead out of it (once a 202, then a failed write).
+        ({"work_id": "../.."}, 422, "work_id"),
+        ({"shot_id": "/etc"}, 422, "shot_id"),
+        ({"shot_id": "a/../../b"}, 422, "shot_id"),
+        ({"work_id": "a\\b"}, 422, "work_id"),
     ],
 )
 def test_bad_requests_are_refused_before_queueing(api, patch, status, field):
@@ -309,6 +314,22 @@ def test_memory_slot_by_shot_id_uses_the_newest_shot_of_the_work(api):
     s1 = api.get(f"/version/{api.find_version('s1')}").json()["video_url"].split("/media/", 1)[1]
     kept = ServerConfig.load(api.config).media_root / s1
     assert slot["image"]["sha256"] == file_sha256(kept.parent / "reference" / "middle.png")
+
+
+def test_ids_with_url_characters_give_urls_that_serve_their_files(api):
+    """A client's own work and shot ids with '#', '?', '%', spaces and a '/': the video's URL and
+    its artifacts' reach the files, and a later shot takes that shot by id as its memory."""
+    work, take = "scene 1/act%41", "take #2? 100%"
+    first = api.post("/r2v", shot(take, work_id=work))
+    assert first.status_code == 202, first.text
+    done = api.wait_version(first.json()["version_id"])
+    assert done["status"] == "succeeded", done["error"]
+    assert "/scene%201/act%2541/take%20%232%3F%20100%25/" in done["video_url"]
+    assert httpx.get(done["video_url"]).content[4:8] == b"ftyp"
+    assert all(httpx.get(a["url"]).status_code == 200 for a in done["artifacts"])
+    later = api.post("/r2v", shot("next", work_id=work, memory_slots=[{"shot_id": take}]))
+    assert later.status_code == 202, later.text
+    assert api.wait_version(later.json()["version_id"])["status"] == "succeeded"
 
 
 def test_a_source_video_slot_runs_video_to_video_from_an_earlier_version(api):
@@ -532,6 +553,8 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
 
     missing = api.post("/merge", {"work_id": "film", "shots": [{"version_id": "nope"}]})
     assert missing.status_code == 409 and missing.json()["error"].startswith("shots[0].version_id")
+    outside = api.post("/merge", {"work_id": "..", "shots": [{"version_id": v} for v in versions]})
+    assert outside.status_code == 422 and outside.json()["error"].startswith("work_id"), outside.text
 
     # The merge ran in the long-lived media worker's process (no process started per merge).
     from contracts.tags import WORKER_TAG

@@ -92,6 +92,24 @@ def test_accepted_job_holds_its_run_config_and_no_inline_data(tmp_path, store):
     assert job.request["inputs"]["condition_img"]["media_type"] == "image/png"
 
 
+def test_a_job_cancelled_before_it_ran_calls_back_once_as_failed(tmp_path, store):
+    """Cancelled while queued (never handed to Dagster: no run will ever end to say so): the
+    callback is queued with the outcome, as for any other end, and only once."""
+    intake, _ = make_intake(tmp_path, store)
+    routing = {"session_key": "sk-1", "channel": "web", "chat_id": "c-9"}
+    job = intake.accept_r2v(r2v(callback_url="http://127.0.0.1:9/cb", callback_context=routing), None).job
+    assert store.callback_for(job.version_id) is None
+    cancelled = intake.jobs.cancel(job.version_id)
+    assert (cancelled.status, cancelled.stage) == ("cancelled", "canceled")
+    delivery = store.callback_for(job.version_id)
+    assert delivery is not None and delivery.url == "http://127.0.0.1:9/cb"
+    body = delivery.payload
+    assert (body["status"], body["error"], body["version_id"]) == ("failed", "cancelled", job.version_id)
+    assert {k: body[k] for k in routing} == routing and body["callback_context"] == routing
+    intake.jobs.cancel(job.version_id)  # a second cancel: finished, nothing more queued
+    assert store.callback_for(job.version_id).delivery_id == delivery.delivery_id
+
+
 def test_replay_answers_before_fetching_and_conflict_is_409(tmp_path, store):
     intake, pokes = make_intake(tmp_path, store)
     first = intake.accept_r2v(r2v(job_id="k", condition_img=png_url()), None)

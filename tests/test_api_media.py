@@ -46,6 +46,30 @@ def test_full_get(media):
     assert client.get("/media/r2v/inside-link.mp4").content == data
 
 
+def test_a_file_named_from_a_clients_ids_is_served_at_the_url_the_api_gives(media):
+    """Ids are the client's: '#', '?', '%' and spaces in a work or shot id reach the file through
+    the URL the API hands out (each segment percent-encoded), over real HTTP: Uvicorn decodes the
+    path once (Starlette's TestClient and httpx's ASGI transport decode it twice)."""
+    import httpx
+
+    from api.core.records import media_url_path
+
+    from api_stack import served
+
+    _, root = media
+    odd = "r2v/scene #1?/take %41 100%/8d1d/output.mp4"
+    (root / odd).parent.mkdir(parents=True)
+    (root / odd).write_bytes(b"odd")
+    url = media_url_path(odd)
+    assert url == "/media/r2v/scene%20%231%3F/take%20%2541%20100%25/8d1d/output.mp4"
+    app = FastAPI()
+    app.include_router(media_router(root))
+    with served(app) as base:
+        assert httpx.get(base + url, timeout=10).content == b"odd"
+        # Decoded once only: the "%41" of the id is not an "A".
+        assert httpx.get(base + url.replace("%2541", "A"), timeout=10).status_code == 404
+
+
 @pytest.mark.parametrize(
     ("header", "span"),
     [

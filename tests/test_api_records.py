@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from api.background.callbacks import callback_payload
+from api.core.outcome import callback_payload
 from api.core.records import JobLive, JobRequest, JobResult
 from api.core.steps import extension_before_frames, first_run_id, follow_ups
 from api.r2v.views import version_response

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
+from bare_api import r2v_refusal
 
 from api.r2v.protocol import (
     AcceptedResponse,
@@ -21,12 +21,6 @@ def _r2v(**over) -> dict:
     body = {"work_id": "demo", "shot_id": "shot-002", "prompt": "rain", "memory_slots": []}
     body.update(over)
     return body
-
-
-def _error(model, body) -> dict:
-    with pytest.raises(ValidationError) as e:
-        model.model_validate(body)
-    return validation_error_body(e.value)
 
 
 def test_spec_example_is_accepted_and_normalized():
@@ -92,21 +86,21 @@ def test_spec_example_is_accepted_and_normalized():
     ],
 )
 def test_slot_rules(slots, field, fragment):
-    body = _error(R2VRequest, _r2v(memory_slots=slots))
+    body = r2v_refusal(R2VRequest, _r2v(memory_slots=slots))
     assert body["detail"][0]["field"] == field, body
     assert fragment in body["detail"][0]["msg"]
     assert body["error"].startswith(field + ": ")
 
 
 def test_image_mode_message_is_exact():
-    body = _error(R2VRequest, _r2v(memory_slots=[{"image_url": "https://x/a.png", "image_mode": "x"}]))
+    body = r2v_refusal(R2VRequest, _r2v(memory_slots=[{"image_url": "https://x/a.png", "image_mode": "x"}]))
     assert body["error"] == "memory_slots[0].image_mode: image_mode is unsupported"
 
 
 def test_seven_slots_allowed_eight_rejected():
     seven = [{"shot_id": f"s{i}"} for i in range(7)]
     assert len(R2VRequest.model_validate(_r2v(memory_slots=seven)).memory_slots) == 7
-    body = _error(R2VRequest, _r2v(memory_slots=[*seven, {"shot_id": "s7"}]))
+    body = r2v_refusal(R2VRequest, _r2v(memory_slots=[*seven, {"shot_id": "s7"}]))
     assert body["detail"][0]["field"] == "memory_slots" and "at most 7" in body["detail"][0]["msg"]
 
 
@@ -123,6 +117,10 @@ def test_seven_slots_allowed_eight_rejected():
         ({"height": 0}, "height"),
         ({"duration_sec": 0}, "duration_sec"),
         ({"seed": "42"}, "seed"),
+        ({"seed": 2**64}, "seed"),  # torch.manual_seed would overflow in the worker, after queueing
+        ({"seed": 2**32}, "seed"),
+        ({"seed": -1}, "seed"),
+        ({"seed": True}, "seed"),
         ({"callback_url": "ftp://x/cb"}, "callback_url"),
         ({"callback_context": [1]}, "callback_context"),
         ({"surprise": 1}, "surprise"),
@@ -138,11 +136,22 @@ def test_seven_slots_allowed_eight_rejected():
     ],
 )
 def test_strict_fields(over, field):
-    assert _error(R2VRequest, _r2v(**over))["detail"][0]["field"] == field
+    assert r2v_refusal(R2VRequest, _r2v(**over))["detail"][0]["field"] == field
+
+
+def test_seed_is_bounded_as_the_v1_dialect_bounds_it():
+    from api.core.limits import MAX_SEED
+    from api.openai.protocol import MAX_SEED as V1_MAX_SEED
+
+    assert MAX_SEED == V1_MAX_SEED == 2**32
+    for seed in (0, 42, MAX_SEED - 1):
+        assert R2VRequest.model_validate(_r2v(seed=seed)).seed == seed
+    body = r2v_refusal(R2VRequest, _r2v(seed=MAX_SEED))
+    assert body["detail"][0]["field"] == "seed" and body["error"].startswith("seed: ")
 
 
 def test_required_fields():
-    body = _error(R2VRequest, {"work_id": "w"})
+    body = r2v_refusal(R2VRequest, {"work_id": "w"})
     assert {d["field"] for d in body["detail"]} == {"shot_id", "prompt", "memory_slots"}
 
 
@@ -182,22 +191,26 @@ def test_merge_shot_prefers_version_id_and_rules():
         {"work_id": "w", "shots": [{"version_id": "v1", "video_url": "https://x/a.mp4"}]}
     )
     assert req.normalized()["shots"] == [{"version_id": "v1"}]
-    assert _error(MergeRequest, {"work_id": "w", "shots": [{}]})["detail"][0]["field"] == "shots[0]"
+    assert r2v_refusal(MergeRequest, {"work_id": "w", "shots": [{}]})["detail"][0]["field"] == "shots[0]"
     assert (
-        _error(MergeRequest, {"work_id": "w", "shots": [{"video_url": "/local/a.mp4"}]})["detail"][0]["field"]
+        r2v_refusal(MergeRequest, {"work_id": "w", "shots": [{"video_url": "/local/a.mp4"}]})["detail"][0][
+            "field"
+        ]
         == "shots[0].video_url"
     )
-    assert "shots" in _error(MergeRequest, {"work_id": "w", "shots": []})["error"]
-    assert "work_id is required" in _error(MergeRequest, {"shots": [{"version_id": "v"}]})["error"]
-    conflict = _error(
+    assert "shots" in r2v_refusal(MergeRequest, {"work_id": "w", "shots": []})["error"]
+    assert "work_id is required" in r2v_refusal(MergeRequest, {"shots": [{"version_id": "v"}]})["error"]
+    conflict = r2v_refusal(
         MergeRequest, {"job_id": "a", "job": {"job_id": "b"}, "work_id": "w", "shots": [{"version_id": "v"}]}
     )
     assert "job_id and job.job_id disagree" in conflict["error"]
     assert (
-        _error(MergeRequest, {"work_id": "w", "shots": [{"version_id": "v"}], "x": 1})["detail"][0]["field"]
+        r2v_refusal(MergeRequest, {"work_id": "w", "shots": [{"version_id": "v"}], "x": 1})["detail"][0][
+            "field"
+        ]
         == "x"
     )
-    nested = _error(MergeRequest, {"payload": {"work_id": "w", "shots": [{"video_url": "nope"}]}})
+    nested = r2v_refusal(MergeRequest, {"payload": {"work_id": "w", "shots": [{"video_url": "nope"}]}})
     assert nested["detail"][0]["field"] == "payload.shots[0].video_url"
 
 

@@ -3,14 +3,25 @@ precedence and defaults, the frame grid, refusals naming their field, and the er
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import dataclasses
+import hashlib
+import io
 import json
+import threading
 import time
+import wave
 from pathlib import Path
 from uuid import uuid4
 
+import httpx
+import numpy as np
+import openai
 import pytest
+from bare_api import bare_app
 from fastapi.testclient import TestClient
+from PIL import Image
 from pydantic import ValidationError
 
 from api.core.errors import InvalidField, NotFound, QueueFull
@@ -23,7 +34,7 @@ from api.openai.forms import FormError, unflatten
 from api.openai.protocol import ServedModel, Video, VideoCreateRequest, VideoExtension, snap_frames
 from api.store import JobRecord, NewJob, Store
 from contracts.runs import SHOT_OP
-from settings.api import ApiConfig, SamplingLimits
+from settings.api import ApiConfig, OpenAIConfig, SamplingLimits
 from shotloom import stages
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import Performance, Sampler
@@ -78,15 +89,29 @@ def test_unflatten_undoes_the_sdks_grouped_brackets():
         ("image_reference[][image_url]", "a"),
         ("image_reference[][image_url]", "b"),
         ("image_reference[][audio_url]", "a.wav"),
+        ("image_reference[][audio_url]", "b.wav"),
         ("tags[]", "x"),
         ("tags[]", "y"),
     ]
     assert unflatten(items) == {
         "prompt": "p",
         "video_params": {"fps": "16", "num_frames": "9"},
-        "image_reference": [{"image_url": "a", "audio_url": "a.wav"}, {"image_url": "b"}],
+        "image_reference": [
+            {"image_url": "a", "audio_url": "a.wav"},
+            {"image_url": "b", "audio_url": "b.wav"},
+        ],
         "tags": ["x", "y"],
     }
+    # Elements that give different fields: whose is the one audio_url? Refused, not guessed.
+    with pytest.raises(FormError) as info:
+        unflatten([*items[:5], *items[6:]])
+    assert info.value.field == "image_reference" and "image_reference[0][audio_url]" in str(info.value)
+    with pytest.raises(
+        FormError
+    ) as info:  # a list without indexes in one: [{b: [1, 2]}] or [{b: [1]}, {b: [2]}]?
+        unflatten([("x[][b][]", "1"), ("x[][b][]", "2")])
+    assert info.value.field == "x"
+    assert unflatten([("x[0][b][]", "1"), ("x[0][b][]", "2")]) == {"x": [{"b": ["1", "2"]}]}
     assert unflatten([("a[1][k]", "v1"), ("a[0][k]", "v0")]) == {"a": [{"k": "v0"}, {"k": "v1"}]}
     with pytest.raises(FormError) as info:
         unflatten([("a[b", "x")])
@@ -245,6 +270,21 @@ def test_the_image_references_become_memory_slots_and_keyframes_inputs(tmp_path)
     assert s.dialect == "openai" and s.work_id == "openai" and s.shot_id == "video_" + "a" * 32
 
 
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [({"work_id": "../x"}, "extra_params.work_id"), ({"shot_id": "a//b"}, "extra_params.shot_id")],
+)
+def test_an_id_that_would_lead_out_of_the_media_store_is_400_naming_it(tmp_path, extra, param):
+    store = Store(f"sqlite:///{tmp_path / 's.sqlite'}")
+    jobs = JobService(store, ApiConfig(), tmp_path / "state", tmp_path / "media")
+    with pytest.raises(InvalidField) as info:
+        jobs.accept_shot(spec({"prompt": "p", "extra_params": extra}))
+    err = OpenAIError.from_service(info.value)
+    assert (err.status, err.param) == (400, param) and "segment" in err.message
+    assert store.counts_by_status("r2v").get("queued", 0) == 0  # refused before anything was queued
+    store.close()
+
+
 def test_a_full_queue_is_429_with_a_retry_after(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 's.sqlite'}")
     jobs = JobService(store, ApiConfig(max_queue=1), tmp_path / "state", tmp_path / "media")
@@ -355,43 +395,8 @@ def test_an_image_reference_video_url_is_the_source_video_and_no_memory_slot():
     assert info.value.field == "image_reference[0].video_url"
 
 
-def _bare_app(tmp_path):
-    """The real app (both dialects, health) on a real store, with no Dagster, workers or follower
-    threads: the lifespan is not run, so the follower has not started."""
-    from api.app import create_app
-    from api.background import Background
-    from api.context import ApiContext
-    from api.dagster import DagsterGateway
-    from shotloom.config import REPO_ROOT, load_inference_config
-
-    api = ApiConfig()
-    store = Store(f"sqlite:///{tmp_path / 's.sqlite'}")
-    gateway = DagsterGateway("127.0.0.1", 9)
-    inference = load_inference_config(REPO_ROOT / "configs" / "inference.wan-tiny.yaml")
-    ctx = ApiContext(
-        api=api,
-        store=store,
-        gateway=gateway,
-        background=Background(store, gateway, api, registry=None),
-        jobs=JobService(
-            store,
-            api,
-            tmp_path / "state",
-            tmp_path / "media",
-            sampler_for=inference.sampler_for,
-            performance=inference.performance,
-        ),
-        media_root=tmp_path / "media",
-        worker_names=[],
-        inference_config="configs/inference.wan-tiny.yaml",
-        inference=inference,
-        residency_policy="auto",
-    )
-    return TestClient(create_app(ctx)), ctx
-
-
 def test_unknown_v1_routes_and_wrong_methods_answer_the_envelope_elsewhere_starlettes_shape(tmp_path):
-    client, ctx = _bare_app(tmp_path)
+    client, ctx = bare_app(tmp_path)
     resp = client.get("/v1/no-such-route")
     assert resp.status_code == 404
     assert resp.json() == {
@@ -418,7 +423,7 @@ def test_unknown_v1_routes_and_wrong_methods_answer_the_envelope_elsewhere_starl
 def test_create_answers_503_while_not_ready_and_501_naming_a_missing_encoder(tmp_path, monkeypatch):
     import api.openai.serving as serving
 
-    client, ctx = _bare_app(tmp_path)
+    client, ctx = bare_app(tmp_path)
     body = {"prompt": "p", "size": "64x64"}
     resp = client.post("/v1/videos", json=body)
     assert resp.status_code == 503
@@ -646,7 +651,7 @@ def test_eta_falls_back_to_the_whole_job_median_then_to_none():
 
 
 def test_get_video_carries_the_poll_header_and_an_eta_from_earlier_jobs(tmp_path):
-    client, ctx = _bare_app(tmp_path)
+    client, ctx = bare_app(tmp_path)
     store = ctx.store
     t0 = time.time() - 100
     earlier = store.accept(
@@ -705,7 +710,7 @@ def test_health_is_starting_then_ok_then_degraded_when_a_worker_is_gone(tmp_path
     assert health_status({**ready, "api": False}, [{"state": "unreachable"}], was_ok=False) == "starting"
 
     # The route: 200 only when ok, 503 with the status otherwise.
-    client, ctx = _bare_app(tmp_path)
+    client, ctx = bare_app(tmp_path)
     monkeypatch.setattr(ctx.gateway, "ping", lambda: True)
     monkeypatch.setattr(ctx.gateway, "daemon_healthy", lambda: True)
     ctx.worker_names = ["w0", "w1"]
@@ -844,7 +849,7 @@ def test_a_distilled_model_refuses_any_other_step_count_whatever_the_limit(tmp_p
 def test_models_say_the_sampler_mode_defaults_and_limits_of_the_model_and_each_adapter(tmp_path):
     # The shipped tiny Wan: native 8 steps, CFG 5, a first-block step cache (no default); a 4-step
     # distill adapter.
-    client, ctx = _bare_app(tmp_path)
+    client, ctx = bare_app(tmp_path)
     cards = {card["id"]: card for card in client.get("/v1/models").json()["data"]}
     native = {
         "mode": "native",
@@ -875,7 +880,7 @@ def test_models_say_the_sampler_mode_defaults_and_limits_of_the_model_and_each_a
 
 
 def test_a_jobs_status_says_the_steps_and_guidance_it_runs_with_and_its_eta_scales_with_them(tmp_path):
-    client, ctx = _bare_app(tmp_path)
+    client, ctx = bare_app(tmp_path)
     store, now = ctx.store, time.time()
     ctx.worker_names = ["cpu-0", "cpu-1", "cpu-2"]  # the three queued jobs start at once
 
@@ -950,7 +955,7 @@ def test_a_jobs_status_says_the_steps_and_guidance_it_runs_with_and_its_eta_scal
 def test_the_v1_document_gives_the_step_counts_and_guidance_the_samplers_take(tmp_path):
     from api.openapi import constrain
 
-    client, ctx = _bare_app(tmp_path)
+    client, ctx = bare_app(tmp_path)
     doc = client.get("/v1/openapi.json").json()  # no worker yet: unconstrained
 
     def limits(model: ServedModel) -> tuple[dict, dict]:
@@ -1066,7 +1071,7 @@ def test_images_take_a_step_cache_as_videos_do(tmp_path):
 def test_the_v1_document_lists_the_step_caches_the_server_offers(tmp_path):
     from api.openapi import constrain
 
-    client, ctx = _bare_app(tmp_path)
+    client, ctx = bare_app(tmp_path)
     doc = client.get("/v1/openapi.json").json()  # no worker yet: documented, unconstrained
     for name in ("VideoCreateRequest", "ImageRequest"):
         assert "step cache" in doc["components"]["schemas"][name]["properties"]["step_cache"]["description"]
@@ -1076,4 +1081,238 @@ def test_the_v1_document_lists_the_step_caches_the_server_offers(tmp_path):
         prop = schemas[name]["properties"]["step_cache"]
         (branch,) = [b for b in prop.get("anyOf", [prop]) if b.get("type") == "string"]
         assert branch["enum"] == ["none", "fbc", "fast"], name
+    ctx.store.close()
+
+
+# -- form bodies: limits, part sizes, list pairing; final failures not retried ----------------------
+def _ready_app(tmp_path, monkeypatch, caps: Capabilities = WAN, **openai_cfg):
+    """:func:`_bare_app` that accepts videos (started, encoders there, the model loaded), with
+    ``openai_cfg`` in the server's ``api.openai``."""
+    import api.openai.serving as serving
+
+    api = ApiConfig(openai=OpenAIConfig(**openai_cfg))
+    client, ctx = bare_app(tmp_path, api, capabilities=lambda: dataclasses.asdict(caps))
+    ctx.background.started = True
+    monkeypatch.setattr(serving, "missing_encoders", lambda: [])
+    return client, ctx
+
+
+def _sdk(client: TestClient, **kwargs) -> openai.OpenAI:
+    """The stock SDK, its requests going through ``client`` (the app in process)."""
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client, **kwargs)
+
+
+def _png_url(size: int, seed: int = 0) -> tuple[str, str]:
+    """A PNG of noise as a data URL, and the PNG's sha256."""
+    pixels = np.random.default_rng(seed).integers(0, 255, (size, size, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG")
+    png = buf.getvalue()
+    return "data:image/png;base64," + base64.b64encode(png).decode(), hashlib.sha256(png).hexdigest()
+
+
+def _wav_url(level: int) -> tuple[str, str]:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes(bytes([level, 0]) * 1600)
+    wav = buf.getvalue()
+    return "data:audio/wav;base64," + base64.b64encode(wav).decode(), hashlib.sha256(wav).hexdigest()
+
+
+def _inputs(client: TestClient, video: dict) -> dict:
+    """The inputs a /v1 video's job recorded (by field: the image's and audio's sha256)."""
+    version = client.get(f"/version/{video['shotloom']['version_id']}").json()
+    return {
+        field: tuple((used.get(kind) or {}).get("sha256") for kind in ("image", "audio"))
+        for field, used in version["request"]["inputs"].items()
+    }
+
+
+def _multipart(fields: dict[str, str], boundary: str = "shotloom-test") -> bytes:
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'
+        for name, value in fields.items()
+    ]
+    return ("".join(parts) + f"--{boundary}--\r\n").encode()
+
+
+@pytest.mark.parametrize("kind", ["json", "form"])
+@pytest.mark.parametrize(
+    ("limits", "stall", "status", "code", "words"),
+    [
+        ({"body_idle_timeout_s": 0.3}, True, 408, "request_timeout", "sent nothing for 0.3 s"),
+        ({"max_body_bytes": 64 * 1024}, False, 413, "payload_too_large", f"passed {64 * 1024} bytes"),
+        ({"store_max_bytes": 1024 * 1024}, False, 413, "payload_too_large", "the job store has"),
+    ],
+    ids=["stalls", "past-max-body-bytes", "past-the-store-room"],
+)
+def test_a_form_that_stalls_or_overruns_its_limits_is_408_or_413_as_a_json_body_is(
+    tmp_path, monkeypatch, kind, limits, stall, status, code, words
+):
+    # Sent without a length (chunked), so the limits are met while the body is read, not before.
+    client, ctx = _ready_app(tmp_path, monkeypatch, **limits)
+    text = "x" * (200 * 1024)
+    if kind == "json":
+        body, content_type = json.dumps({"prompt": text, "size": "64x64"}).encode(), "application/json"
+    else:
+        body = _multipart({"size": "64x64", "prompt": text})
+        content_type = "multipart/form-data; boundary=shotloom-test"
+    if stall:
+        body = body[: len(body) // 2]  # half of it, then nothing
+
+    async def chunks():
+        for at in range(0, len(body), 16 * 1024):
+            yield body[at : at + 16 * 1024]
+        if stall:
+            await asyncio.sleep(30)
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+            return await http.post("/v1/videos", content=chunks(), headers={"content-type": content_type})
+
+    started = time.monotonic()
+    resp = asyncio.run(post())
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == code and words in error["message"], error
+    assert time.monotonic() - started < 10
+    assert ctx.retention.free_bytes() == ctx.api.openai.store_max_bytes  # its room was given back
+    assert ctx.store.counts_by_status("r2v")["queued"] == 0
+    ctx.store.close()
+
+
+def test_a_form_text_field_takes_a_data_url_as_large_as_a_json_body_may(tmp_path, monkeypatch):
+    # A 1.6 MB data URL: past Starlette's 1 MiB default for a form part, inside the body limit.
+    client, ctx = _ready_app(tmp_path, monkeypatch)
+    url, digest = _png_url(640)
+    assert 1024 * 1024 < len(url) < ctx.api.openai.max_body_bytes
+    body = {"prompt": "p", "size": "64x64", "seconds": "1", "image_reference": [{"image_url": url}]}
+    as_json = client.post("/v1/videos", json=body)
+    assert as_json.status_code == 200, as_json.text
+    sdk = _sdk(client, max_retries=0)
+    # The SDK sends videos.create as multipart, extra_body's reference as a text part.
+    as_form = sdk.videos.create(
+        prompt="p", size="64x64", seconds="1", extra_body={"image_reference": body["image_reference"]}
+    )
+    assert as_form.status == "queued"
+    expected = {"image_reference[0]": (digest, None)}
+    assert _inputs(client, as_json.json()) == _inputs(client, as_form.model_dump()) == expected
+    ctx.store.close()
+
+
+def test_an_sdk_form_list_whose_items_give_different_fields_is_refused_naming_the_field(
+    tmp_path, monkeypatch
+):
+    client, ctx = _ready_app(tmp_path, monkeypatch, caps=dataclasses.replace(WAN, audio_in=True))
+    sdk = _sdk(client, max_retries=0)
+    (a, a_sha), (b, b_sha), (c, c_sha) = (_png_url(16, seed) for seed in range(3))
+    (wa, wa_sha), (wc, wc_sha) = _wav_url(1), _wav_url(3)
+    refs = [{"image_url": a, "audio_url": wa}, {"image_url": b}, {"image_url": c, "audio_url": wc}]
+    # The SDK sends image_reference[][image_url] x3 and image_reference[][audio_url] x2: whose is wc?
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.videos.create(prompt="p", size="64x64", seconds="1", extra_body={"image_reference": refs})
+    error = info.value.body
+    assert (error["param"], error["code"], error["type"]) == (
+        "image_reference",
+        "invalid_multipart",
+        "invalid_request_error",
+    )
+    assert "JSON" in error["message"] and "image_reference[0][audio_url]" in error["message"]
+    assert ctx.store.counts_by_status("r2v")["queued"] == 0  # nothing queued
+    paired = {
+        "image_reference[0]": (a_sha, wa_sha),
+        "image_reference[1]": (b_sha, None),
+        "image_reference[2]": (c_sha, wc_sha),
+    }
+    # The same list as JSON, or as a form with indexed keys, says whose each part is.
+    as_json = client.post("/v1/videos", json={"prompt": "p", "size": "64x64", "image_reference": refs})
+    assert as_json.status_code == 200, as_json.text
+    assert _inputs(client, as_json.json()) == paired
+    indexed = {
+        f"image_reference[{i}][{name}]": value for i, ref in enumerate(refs) for name, value in ref.items()
+    }
+    as_form = sdk.videos.create(prompt="p", size="64x64", seconds="1", extra_body=indexed)
+    assert _inputs(client, as_form.model_dump()) == paired
+    # Items that all give the same fields still pair by position.
+    same = [{"image_url": a, "audio_url": wa}, {"image_url": c, "audio_url": wc}]
+    video = sdk.videos.create(prompt="p", size="64x64", seconds="1", extra_body={"image_reference": same})
+    assert _inputs(client, video.model_dump()) == {
+        "image_reference[0]": (a_sha, wa_sha),
+        "image_reference[1]": (c_sha, wc_sha),
+    }
+    ctx.store.close()
+
+
+def _counting(client: TestClient, seen: list[tuple[str, str]]) -> TestClient:
+    """A client of the same app that records each request the server gets."""
+    app = client.app
+
+    async def counted(scope, receive, send):
+        if scope["type"] == "http":
+            seen.append((scope["method"], scope["path"]))
+        await app(scope, receive, send)
+
+    return TestClient(counted)
+
+
+def test_a_failed_videos_retrieve_is_asked_once_by_the_sdk_not_retried(tmp_path):
+    client, ctx = bare_app(tmp_path)
+    job = ctx.store.accept(
+        NewJob(kind="r2v", work_id="w", request={}, payload_hash="f", dialect="openai")
+    ).job
+    ctx.store.update_status(job.version_id, status="failed", stage="failed", error="out of memory")
+    vid = f"video_{job.version_id}"
+    seen: list[tuple[str, str]] = []
+    sdk = _sdk(_counting(client, seen))  # the SDK's default max_retries (2)
+    assert sdk.max_retries == 2
+    for ask in (sdk.videos.retrieve, sdk.videos.poll):
+        seen.clear()
+        with pytest.raises(openai.InternalServerError) as info:
+            ask(vid)
+        assert info.value.status_code == 500
+        assert (
+            info.value.body["code"] == "generation_failed" and "out of memory" in info.value.body["message"]
+        )
+        assert seen == [("GET", f"/v1/videos/{vid}")], seen  # once: a failure is final
+        assert info.value.response.headers["x-should-retry"] == "false"
+    ctx.store.close()
+
+
+@pytest.mark.parametrize("outcome", ["failed", "timeout"])
+def test_sync_answers_that_end_a_request_tell_the_sdk_not_to_retry(tmp_path, monkeypatch, outcome):
+    # A retried POST /v1/videos/sync would queue the clip again.
+    client, ctx = _ready_app(tmp_path, monkeypatch, sync_timeout_seconds=0.5)
+    stop = threading.Event()
+
+    def fail_queued():  # the "worker": fails each job it finds queued
+        while not stop.is_set():
+            jobs, _ = ctx.store.list_jobs("openai", after=None, limit=10, order="asc")
+            for j in jobs:
+                if j.status == "queued":
+                    ctx.store.update_status(j.version_id, status="failed", stage="failed", error="boom")
+            time.sleep(0.05)
+
+    worker = threading.Thread(target=fail_queued, daemon=True)
+    if outcome == "failed":
+        worker.start()
+    seen: list[tuple[str, str]] = []
+    sdk = _sdk(_counting(client, seen))
+    try:
+        with pytest.raises(openai.APIStatusError) as info:
+            sdk.post(
+                "/videos/sync", body={"prompt": "p", "size": "64x64", "seconds": "1"}, cast_to=httpx.Response
+            )
+    finally:
+        stop.set()
+        if worker.is_alive():
+            worker.join()
+    assert info.value.status_code == (500 if outcome == "failed" else 504)
+    assert seen == [("POST", "/v1/videos/sync")], seen
+    assert info.value.response.headers["x-should-retry"] == "false"
+    jobs, _ = ctx.store.list_jobs("openai", after=None, limit=10, order="asc")
+    assert len(jobs) == 1  # queued once
     ctx.store.close()

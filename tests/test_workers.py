@@ -160,11 +160,9 @@ def test_the_daemon_dequeues_as_soon_as_the_queue_changes(tmp_path):
 def test_a_worker_that_ended_a_run_tells_the_api_whose_follower_reads_the_runs_at_once(monkeypatch, tmp_path):
     """The worker's nudge, into the API's real route: the follower's next tick comes now. With the
     workers' token set, only a caller holding it is heard; the route is not in the public schema."""
-    import threading
     from types import SimpleNamespace
 
     import httpx
-    import uvicorn
     from fastapi import FastAPI
 
     from api.admin.internal import worker_calls_router
@@ -174,32 +172,26 @@ def test_a_worker_that_ended_a_run_tells_the_api_whose_follower_reads_the_runs_a
     from orchestration.worker import Worker
     from settings.api import ApiConfig
 
-    from api_stack import wait_for
+    from api_stack import served
 
     store = Store(f"sqlite:///{tmp_path / 'service.sqlite'}")
     follower = Background(store, None, ApiConfig(), None)  # not started: only its wake is looked at
     app = FastAPI()
     app.include_router(worker_calls_router(SimpleNamespace(background=follower)))
     assert "/internal/run-ended" not in app.openapi()["paths"]
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        wait_for(lambda: server.started, 20, "the API's route", interval=0.05)
-        worker = SimpleNamespace(name="media-0", api_url=f"http://127.0.0.1:{port}")
-        Worker._tell_api(worker, "r" * 32)
-        assert follower.follow_wake.is_set()
-        follower.follow_wake.clear()
+        with served(app) as base:
+            worker = SimpleNamespace(name="media-0", api_url=base)
+            Worker._tell_api(worker, "r" * 32)
+            assert follower.follow_wake.is_set()
+            follower.follow_wake.clear()
 
-        monkeypatch.setenv(WORKER_TOKEN_ENV, "t0ken-of-the-control-plane")
-        stranger = httpx.post(f"http://127.0.0.1:{port}/internal/run-ended", timeout=5)
-        assert stranger.status_code == 401 and not follower.follow_wake.is_set()
-        Worker._tell_api(worker, "r" * 32)  # the worker sends the token it holds
-        assert follower.follow_wake.is_set()
+            monkeypatch.setenv(WORKER_TOKEN_ENV, "t0ken-of-the-control-plane")
+            stranger = httpx.post(f"{base}/internal/run-ended", timeout=5)
+            assert stranger.status_code == 401 and not follower.follow_wake.is_set()
+            Worker._tell_api(worker, "r" * 32)  # the worker sends the token it holds
+            assert follower.follow_wake.is_set()
     finally:
-        server.should_exit = True
-        thread.join(10)
         store.close()
 
 

@@ -36,7 +36,11 @@ class HealthResponse(BaseModel):
     status: Literal["ok", "starting", "degraded"]
     inference: InferenceHealth
     queues: dict[str, dict[str, int]] = Field(description="{'r2v': {status: n}, 'merge': {status: n}}")
-    scheduler: dict[str, Any] = Field(default_factory=dict)
+    scheduler: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Worker and pending-task counters; gpu_busy, total_queued and "
+        "queues.inference.workers are what the Echo Director's admission reads.",
+    )
     media_workers: list[dict[str, Any]] = Field(
         default_factory=list,
         description="Workers that run the media work (merges, stills, frames taken from videos): "
@@ -165,6 +169,12 @@ def health(ctx: ApiContext) -> dict[str, Any]:
             "running_tasks": queues["r2v"]["running"] + queues["merge"]["running"],
             "max_queue": ctx.api.max_queue,
             **ctx.background.counters,
+            # What the Echo Director's admission reads (it holds new generations back while
+            # gpu_busy + total_queued >= queues.inference.workers): the device workers, those
+            # generating, and the shots waiting for one (merges wait for media workers instead).
+            "queues": {"inference": {"workers": len(workers)}},
+            "gpu_busy": busy,
+            "total_queued": queues["r2v"]["queued"],
         },
         ffmpeg_available=ffmpeg_available(),
         ready=ready,

@@ -15,11 +15,11 @@ import collections
 import logging
 import threading
 import time
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
+from api.core.outcome import callback_payload
 from api.core.records import JobRecord
 from api.store import CallbackDelivery, Store, StoreUnavailable, backoff_delay
 from settings.api import ApiConfig
@@ -143,34 +143,3 @@ class Callbacks:
         else:
             delay = backoff_delay(attempts, self.api.callback_backoff_seconds)
             self.store.record_attempt(d.delivery_id, False, error, time.time() + delay)
-
-
-def callback_payload(job: JobRecord, store: Store, api: ApiConfig) -> dict[str, Any]:
-    """The one POST a job's callback gets (r2v spec "Callbacks and errors")."""
-    base = api.base_url()
-    video_url = job.result.video_url(base) if job.result else None
-    artifacts = [
-        {"artifact_id": a.artifact_id, "url": base + a.url_path, "role": a.role, "sha256": a.sha256}
-        for a in store.artifacts_for(job.version_id)
-    ]
-    payload: dict[str, Any] = {
-        "kind": job.kind,
-        "work_id": job.work_id,
-        "job_id": job.job_id,
-        "remote_task_id": job.version_id,
-        "task_id": job.version_id,
-        "version_id": job.version_id,
-        "status": "failed" if job.status == "cancelled" else job.status,  # the r2v spec's four
-        "status_url": f"{base}/version/{job.version_id}",
-    }
-    if job.callback_context is not None:
-        payload["callback_context"] = job.callback_context
-    if job.status in ("failed", "cancelled"):
-        payload["error"] = job.error or job.status
-    elif job.kind == "merge":
-        payload["result"] = {"video_url": video_url, "artifacts": artifacts}
-    else:
-        payload.update(shot_id=job.shot_id, video_url=video_url, artifacts=artifacts)
-    if job.kind == "r2v" and "shot_id" not in payload:
-        payload["shot_id"] = job.shot_id
-    return payload

@@ -97,7 +97,13 @@ class Submitter:
                 log.info("version %s: adopted run %s", job.version_id, roots[-1].run_id)
                 return None
         if job.cancel_requested_at is not None:  # cancelled before it reached Dagster
-            self.store.update_status(job.version_id, status="cancelled", stage=stages.CANCELED, error=None)
+            self.store.update_status(
+                job.version_id,
+                status="cancelled",
+                stage=stages.CANCELED,
+                error=None,
+                callback=self.callbacks.payload,
+            )
             return None
         return RunSubmission(job.request.job_name, job.request.run_config, run_tags(job))
 

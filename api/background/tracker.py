@@ -15,7 +15,7 @@ from api.background.callbacks import Callbacks
 from api.background.submitter import LaunchInFlight, Submitter
 from api.background.workers import WorkerStatuses
 from api.core.jobs import VIDEO_KIND
-from api.core.records import ArtifactRecord, FollowUp, JobRecord
+from api.core.records import ArtifactRecord, FollowUp, JobRecord, media_url_path
 from api.core.steps import follow_up_run, follow_ups
 from api.dagster import Gateway, RunInfo
 from api.store import Store
@@ -248,7 +248,7 @@ class Tracker:
                     kind=VIDEO_KIND,
                     role="film" if mat.asset_key == FILM_ASSET else "shot",
                     path=video.path,
-                    url_path="/media/" + video.path,
+                    url_path=media_url_path(video.path),
                     bytes=video.bytes,
                     sha256=video.sha256,
                     metadata=video.facts(),
@@ -261,7 +261,7 @@ class Tracker:
                     kind=IMAGE_KIND,
                     role=still.role,
                     path=still.path,
-                    url_path="/media/" + still.path,
+                    url_path=media_url_path(still.path),
                     bytes=still.bytes,
                     sha256=still.sha256,
                     metadata={"grid": still.grid} if still.grid is not None else {},

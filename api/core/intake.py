@@ -18,6 +18,7 @@ from api.core.errors import Conflict, InvalidField
 from api.core.inputs import MEDIA_SIZE, InputAsset, InputError, Role, copy_into_assets
 from api.core.records import CharacterRecord, InputAssetRecord, JobRecord
 from api.core.references import kept_reference
+from api.core.rules import check_path_part
 from api.core.shared import Accepted, SharedSteps, run_kind
 from api.core.specs import GuideRef, InputRef, MemoryRef, MergeSpec, ShotSpec, SourceRef
 from api.core.steps import MERGE_JOB, R2V_JOB, stills_step, stitch_step
@@ -34,6 +35,7 @@ class Intake(SharedSteps):
         replay = self.replay(spec.job_id, "r2v", digest)
         if replay is not None:
             return Accepted(replay, False)
+        self.rules.check_names(spec)
         self.check_queue("r2v")
         caps = self.capabilities()
         self.rules.check_sampling(spec, caps)
@@ -318,6 +320,7 @@ class Intake(SharedSteps):
         replay = self.replay(spec.job_id, "merge", digest)
         if replay is not None:
             return Accepted(replay, False)
+        check_path_part(spec.work_id, "work_id")  # the film's folder
         self.check_queue("merge")
 
         paths, shot_ids, sources, versions = [], [], [], []

@@ -24,7 +24,7 @@ class Lifecycle(SharedSteps):
             return job
         job = self.store.request_cancel(version_id)
         if job.run_id is None:  # never handed to Dagster: the submitter skips it from now on
-            return self.store.update_status(version_id, status="cancelled", stage="canceled", error=None)
+            return self._cancelled(version_id)
         stopped = False
         if self.terminate is not None:
             try:
@@ -34,8 +34,15 @@ class Lifecycle(SharedSteps):
         fresh = self.get(version_id)
         if stopped and fresh.status == "queued" and fresh.stage == "queued":
             # Dagster cancels a queued run on the spot: it never reached a worker.
-            return self.store.update_status(version_id, status="cancelled", stage="canceled", error=None)
+            return self._cancelled(version_id)
         return fresh
+
+    def _cancelled(self, version_id: str) -> JobRecord:
+        """Record a queued job cancelled, its callback queued with it (the client hears of it as
+        of any other end: the tracker will see nothing more of a job that never ran)."""
+        return self.store.update_status(
+            version_id, status="cancelled", stage="canceled", error=None, callback=self.callback_payload
+        )
 
     def set_priority(self, version_id: str, priority: int, by: str) -> JobRecord:
         """Move a queued job in the queue (higher first). Submitted runs get the change at the

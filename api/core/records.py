@@ -17,12 +17,19 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from contracts.runs import MERGE_OP, SHOT_OP, STITCH_OP, MergeConfig, ShotConfig, StitchConfig
 
 MEDIA_PREFIX = "/media/"  # where the API serves the media root
+
+
+def media_url_path(relative: str) -> str:
+    """The URL path of a file under the media root: each segment percent-encoded (a client's
+    ``work_id`` or ``shot_id`` may hold ``#``, ``?``, ``%`` or spaces; ``/media`` decodes it once)."""
+    return MEDIA_PREFIX + quote(relative, safe="/")
 
 
 class _JsonRecord(BaseModel):
@@ -169,13 +176,13 @@ class JobResult(_JsonRecord):
             return self.video_path
         legacy = (self.model_extra or {}).get("video_url")
         if isinstance(legacy, str) and MEDIA_PREFIX in legacy:
-            return legacy.split(MEDIA_PREFIX, 1)[1]
+            return legacy.split(MEDIA_PREFIX, 1)[1]  # built unencoded then
         return None
 
     def video_url(self, base: str) -> str | None:
         """The main video's URL under ``base`` (the URL the API is reached at now)."""
         path = self.media_path
-        return None if path is None else base + MEDIA_PREFIX + path
+        return None if path is None else base + media_url_path(path)
 
     def rendered(self, base: str) -> dict[str, Any]:
         """The result as a client reads it: the video's URL under ``base``, not its place."""

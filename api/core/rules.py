@@ -18,6 +18,7 @@ from api.core.specs import InputRef, MemoryRef, ShotSpec
 from settings.api import SamplingLimits
 from shotloom.capabilities import Capabilities, CapabilityError
 from shotloom.config import Defaults, Performance, Sampler
+from shotloom.media_store import path_part
 from shotloom.request import GenerationRequest, Guide, MemorySlot, resolve
 
 PLACEHOLDER = Path(".")  # the rules look at whether an input is there, never at its file
@@ -47,6 +48,13 @@ class RuleBook:
             caps.guidance_range if caps else None,
             self.performance,
         )
+
+    @staticmethod
+    def check_names(spec: ShotSpec) -> None:
+        """The work and shot ids name folders of the media store: one that would lead out of it
+        (``..``, a leading ``/``) or name nothing is refused now, not as a run that fails to write."""
+        for name in ("work_id", "shot_id"):
+            check_path_part(getattr(spec, name), spec.field_names.get(name, name))
 
     def check_sampling(self, spec: ShotSpec, caps: Capabilities | None) -> None:
         """The steps, guidance and step cache a shot asks for, against the sampler that will run
@@ -122,6 +130,14 @@ class RuleBook:
             # Each guide at its frame, one frame long, no sound: measured once its file is read.
             guides=tuple(Guide(here, g.frame, g.kind, frames=1) for g in spec.guides),
         )
+
+
+def check_path_part(value: str, field: str) -> None:
+    """InvalidField naming ``field`` where ``value`` cannot be part of a media path."""
+    try:
+        path_part(value)
+    except ValueError as exc:
+        raise InvalidField(f"{value!r} {exc}", field) from None
 
 
 def client_field(spec: ShotSpec, engine_field: str) -> str:

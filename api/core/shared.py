@@ -13,6 +13,7 @@ from typing import Any
 from api.core.disk import Volume, volumes
 from api.core.errors import Conflict, InvalidField, NoRoom, QueueFull, Unavailable
 from api.core.inputs import InputAsset, InputError, Role, copy_into_assets, resolve_resource
+from api.core.outcome import callback_payload
 from api.core.references import InProcessReferences, ReferenceTaker
 from api.core.rules import RuleBook
 from api.core.sampling import SamplerFor, SamplingRule, dit_calls
@@ -83,6 +84,10 @@ class SharedSteps:
         # Frames and sound taken from videos: on a media worker (through Dagster) in the service.
         self.references = references or InProcessReferences(self.media)
         self.queue = QueueControl(state_dir)  # pause / priorities, applied by the daemon's coordinator
+
+    def callback_payload(self, job: JobRecord) -> dict[str, Any]:
+        """The callback ``job`` gets for its outcome (:func:`api.core.outcome.callback_payload`)."""
+        return callback_payload(job, self.store, self.api)
 
     def capabilities(self) -> Capabilities | None:
         return capabilities_from(self.published_capabilities())

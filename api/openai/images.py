@@ -18,11 +18,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from api.context import ApiContext
+from api.core.limits import MAX_SEED
 from api.core.records import JobRecord
 from api.core.specs import InputRef, MemoryRef
 from api.openai.errors import OpenAIError
 from api.openai.protocol import (
-    MAX_SEED,
     SIZE_PATTERN,
     LoraSelector,
     StepCacheName,

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.core.errors import InvalidField, NotFound
+from api.core.limits import MAX_SEED
 from api.core.sampling import SamplingRule
 from api.core.specs import GuideRef, InputRef, MemoryRef, ShotSpec, SourceRef
 from shotloom.capabilities import Capabilities, CapabilityError
@@ -26,7 +27,6 @@ from shotloom.guides import anchor
 
 SIZE_PATTERN = r"^[1-9][0-9]{0,4}x[1-9][0-9]{0,4}$"
 CHARACTER_ID_PATTERN = r"^char_[0-9a-f]{32}$"
-MAX_SEED = 2**32
 MAX_GUIDES = 16  # entries of ``guides`` a request may list (the model may take fewer)
 FILE_FIELDS = ("input_reference", "first_frame", "last_frame")  # file parts besides the guides'
 URL_DESCRIPTION = "data: URL, http(s) URL, file:// URL or absolute path (under the server's allowed roots)"
@@ -304,6 +304,8 @@ class VideoCreateRequest(_Strict):
             submitter=submitter,
             version_id=version_id,
             field_names={
+                "work_id": "extra_params.work_id",
+                "shot_id": "extra_params.shot_id",
                 "width": size_field,
                 "height": size_field,
                 "num_frames": frames_field,

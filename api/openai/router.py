@@ -19,6 +19,7 @@ from starlette.datastructures import UploadFile
 
 from api.auth import KeyRing
 from api.context import ApiContext
+from api.core.errors import ServiceError
 from api.core.events import SSE_RESPONSES, job_events
 from api.core.records import JobRecord, UnknownVersion
 from api.deps import submitter_dependency
@@ -43,6 +44,10 @@ T = TypeVar("T")
 SYNC_POLL_S = 0.2
 VIEW_CACHE_SIZE = 10_000  # cached GET /v1/videos/{id} answers; cleared when full
 POLL_HEADER = "openai-poll-after-ms"
+# On a deliberate 5xx that states an outcome (a failed job), not a transient fault: the `openai`
+# SDK retries every 5xx twice with backoff unless told not to, so a failed video's retrieve would
+# be asked three times (and a /sync request queued three times). Never on a 503 ("try later").
+NO_RETRY = {"x-should-retry": "false"}
 UPLOAD_FIELDS = ("input_reference", "first_frame", "last_frame")
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -93,9 +98,14 @@ _IMAGE_EDIT_BODY = request_body(None, "ImageEditForm")
 _CREATE_BODY = request_body("VideoCreateRequest", "VideoCreateForm")
 
 
-async def read_request(request: Request, spool: Path) -> tuple[dict[str, Any], dict[str, Path]]:
+async def read_request(
+    request: Request, spool: Path, max_part_bytes: int
+) -> tuple[dict[str, Any], dict[str, Path]]:
     """The body as the same nested object whether JSON or the SDK's multipart form, and the file
-    parts spooled to disk."""
+    parts spooled to disk. A form's text part may be as large as a JSON body may
+    (``max_part_bytes``, the body limit), not Starlette's default 1 MiB: a data-URL reference means
+    the same in either. The body's own limits (TooLarge, BodyTimeout, raised by the guarded
+    receive while the form is read) go through to their 413 / 408, as on the JSON path."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "application/json" or kind.endswith("+json"):
         raw = await request.body()
@@ -108,7 +118,9 @@ async def read_request(request: Request, spool: Path) -> tuple[dict[str, Any], d
         return data, {}
     if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
         try:
-            form = await request.form()
+            form = await request.form(max_part_size=max_part_bytes)
+        except ServiceError:  # the guarded body's 413 / 408: answered as the JSON path's are
+            raise
         except Exception as exc:  # python-multipart's errors: a malformed body
             raise OpenAIError(400, f"malformed form body: {exc}", code="invalid_multipart") from None
         fields: list[tuple[str, Any]] = []
@@ -173,7 +185,7 @@ def openai_router(ctx: ApiContext, serving: VideoServing, polls: PollRoutes) -> 
         assets.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=assets, prefix="upload-") as tmp, openai_errors():
             async with guarded_body(request, ctx.api.openai, ctx.retention) as body:
-                raw, uploads = await read_request(body, Path(tmp))
+                raw, uploads = await read_request(body, Path(tmp), ctx.api.openai.max_body_bytes)
             digests = {name: await run_in_threadpool(file_sha256, path) for name, path in uploads.items()}
             return await run_in_threadpool(handle, raw, uploads, digests)
 
@@ -198,7 +210,8 @@ def openai_router(ctx: ApiContext, serving: VideoServing, polls: PollRoutes) -> 
                     f"not finished within {ctx.api.openai.sync_timeout_seconds:g} s; poll GET {poll} instead",
                     param=None,
                     code="timeout",
-                    headers={"Location": poll},
+                    # The job goes on: the same request again would queue another one.
+                    headers={"Location": poll, **NO_RETRY},
                 )
             await asyncio.sleep(SYNC_POLL_S)
             jobs = [ctx.store.get(j.version_id) for j in jobs]
@@ -264,7 +277,9 @@ def openai_router(ctx: ApiContext, serving: VideoServing, polls: PollRoutes) -> 
         if job.status != "succeeded":
             status = video.error.status if video.error else 500
             message = video.error.message if video.error else f"{vid} was {video.status}"
-            raise OpenAIError(status, message, code=video.error.code if video.error else video.status)
+            raise OpenAIError(
+                status, message, code=video.error.code if video.error else video.status, headers=NO_RETRY
+            )
         path = serving.content_path(vid, "video")
         return FileResponse(
             path,
@@ -341,7 +356,10 @@ def openai_router(ctx: ApiContext, serving: VideoServing, polls: PollRoutes) -> 
         failed = next((j for j in settled if j.status != "succeeded"), None)
         if failed is not None:
             raise OpenAIError(
-                500, failed.error or f"the generation {failed.status}", code="generation_failed"
+                500,
+                failed.error or f"the generation {failed.status}",
+                code="generation_failed",
+                headers=NO_RETRY,
             )
         body = await run_in_threadpool(pictures.response, req, settled)
         return Response(body.model_dump_json(exclude_none=True), media_type="application/json")
@@ -417,16 +435,25 @@ def openai_router(ctx: ApiContext, serving: VideoServing, polls: PollRoutes) -> 
         got = views.get(version) if version else None
         if got is None:
             return None
-        return Response(
-            got.body,
-            status_code=got.status,
-            media_type="application/json",
-            headers={POLL_HEADER: str(serving.poll_after_ms(got.video))},
-        )
+        headers = {POLL_HEADER: str(serving.poll_after_ms(got.video))}
+        if got.status >= 500:  # a failed video: its final state, which asking again cannot change
+            headers.update(NO_RETRY)
+        return Response(got.body, status_code=got.status, media_type="application/json", headers=headers)
 
     polls.add(f"{router.prefix}/videos/{{video_id}}", video_answer)
 
-    @router.get("/videos/{video_id}", response_model=Video, responses=_ERRORS)
+    @router.get(
+        "/videos/{video_id}",
+        response_model=Video,
+        responses={
+            **_ERRORS,
+            500: {
+                "model": Video,
+                "description": "A failed video: the video object, its `error` saying why, with "
+                "`x-should-retry: false` (the failure is final).",
+            },
+        },
+    )
     async def get_video(video_id: str) -> Response:
         answer = video_answer(video_id)
         if answer is None:

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from api.admin.health import missing_encoders
 from api.context import ApiContext
 from api.core.errors import EncoderMissing, InvalidField, NotFound, ServiceError, Unavailable
+from api.core.limits import MAX_SEED
 from api.core.records import CharacterRecord, JobLive, JobRecord, JobResult
 from api.core.sampling import dit_calls, job_sampling
 from api.core.specs import InputRef, ShotSpec, SourceRef
@@ -524,7 +525,7 @@ class VideoServing:
     def _operator_seed(self) -> int:
         if self._operator is not None and self._operator.seed is not None:
             return self._operator.seed
-        return secrets.randbelow(2**32)
+        return secrets.randbelow(MAX_SEED)
 
     # -- read -----------------------------------------------------------------------------------
     def job(self, video: str) -> JobRecord:

@@ -24,14 +24,19 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 
 from api.core.errors import InvalidField, error_field
+from api.core.limits import MAX_SEED
+from api.core.outcome import CONTEXT_FIELDS
 from api.core.specs import InputRef, MemoryRef, MergeSource, MergeSpec, ShotSpec, SourceRef
 
 CALLBACK_HEADER = "X-Nanobot-Director-Callback-Url"
 MAX_MEMORY_SLOTS = 7
+DIRECTOR_PROTOCOL = "director-http-v1"  # the Echo Director's envelope version (its merge requests)
 
 __all__ = [
     "CALLBACK_HEADER",
+    "DIRECTOR_PROTOCOL",
     "MAX_MEMORY_SLOTS",
+    "MAX_SEED",
     "AcceptedResponse",
     "ArtifactResponse",
     "CallbackRef",
@@ -188,7 +193,9 @@ class R2VRequest(_Strict):
     duration_sec: PositiveFloat | None = None
     width: PositiveInt | None = None
     height: PositiveInt | None = None
-    seed: Annotated[int, Field(strict=True)] | None = None
+    seed: Annotated[int, Field(strict=True, ge=0, lt=MAX_SEED)] | None = Field(
+        default=None, description="Generation seed, 0 <= seed < 2**32 (as /v1). Default: drawn."
+    )
     num_inference_steps: PositiveInt | None = Field(
         default=None,
         description="Denoising steps: a native model takes 1 to the server's api.sampling.max_steps; "
@@ -286,11 +293,20 @@ class R2VRequest(_Strict):
 # -- POST /merge --------------------------------------------------------------------------------
 
 
+ShotNumber = Annotated[int, Field(strict=True, ge=0)] | NonEmptyStr
+
+
 class MergeShot(_Strict):
-    """A local R2V ``version_id`` or an absolute http(s) ``video_url`` (``version_id`` wins if both)."""
+    """A local R2V ``version_id`` or an absolute http(s) ``video_url`` (``version_id`` wins if both).
+
+    ``shot_id``: the Echo Director numbers each shot of its envelope's ``payload.shots``; accepted
+    (a number or a string) and not used: the list's order is the film's."""
 
     version_id: NonEmptyStr | None = None
     video_url: str | None = None
+    shot_id: ShotNumber | None = Field(
+        default=None, description="The Echo Director's shot number; accepted, not used (order is the list's)."
+    )
 
     @field_validator("video_url")
     @classmethod
@@ -315,9 +331,20 @@ class JobRef(BaseModel):
 
 
 class CallbackRef(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """The envelope's ``callback``: ``url``, and the routing ``session_key``/``channel``/``chat_id``,
+    which become the job's ``callback_context`` (with ``context``, if given: they must agree); the
+    callback body carries them back at its top level (:data:`api.core.outcome.CONTEXT_FIELDS`)."""
+
+    model_config = ConfigDict(extra="allow")  # its other keys (event_type, target, ...) are ignored
     url: str | None = None
     context: dict[str, Any] | None = None
+    session_key: str | None = None
+    channel: str | None = None
+    chat_id: str | None = None
+
+    def routing(self) -> dict[str, str] | None:
+        given = {k: v for k in CONTEXT_FIELDS if (v := getattr(self, k)) is not None}
+        return given or None
 
     @field_validator("url")
     @classmethod
@@ -332,6 +359,9 @@ class MergePayload(BaseModel):
     work_id: NonEmptyStr | None = None
     job_id: NonEmptyStr | None = None
     shots: list[MergeShot] | None = None
+    shot_ids: list[ShotNumber] | None = Field(
+        default=None, description="The Echo Director's list of the shots' numbers; accepted, not used."
+    )
     callback_url: str | None = None
     callback_context: dict[str, Any] | None = None
 
@@ -342,9 +372,16 @@ class MergePayload(BaseModel):
 
 
 class MergeRequest(_Strict):
-    """Flat fields, or the Echo Director envelope (``payload``, ``job.job_id``, ``callback.url``), or a
-    mix; a value given in two places must agree. Use :meth:`normalized` for the flat form."""
+    """Flat fields, or the Echo Director envelope (``protocol_version``, ``operation``, ``payload``,
+    ``job.job_id``, ``callback.url`` and its routing), or a mix; a value given in two places must
+    agree. Use :meth:`normalized` for the flat form."""
 
+    protocol_version: NonEmptyStr | None = Field(
+        default=None, description=f"The Echo Director envelope's version ({DIRECTOR_PROTOCOL!r})."
+    )
+    operation: Literal["merge_shot"] | None = Field(
+        default=None, description="The Echo Director envelope's operation: merge_shot on /merge."
+    )
     work_id: NonEmptyStr | None = None
     job_id: NonEmptyStr | None = None
     shots: list[MergeShot] | None = Field(default=None, description="Ordered shots (at least one).")
@@ -402,6 +439,14 @@ class MergeRequest(_Strict):
                 if v != first:
                     raise ValueError(f"{first_name} and {name} disagree")
             flat[key] = first
+        routing = self.callback.routing() if self.callback else None
+        if routing:  # the envelope's callback routing joins the context (the same key must agree)
+            context = dict(flat.get("callback_context") or {})
+            for key, v in routing.items():
+                if key in context and context[key] != v:
+                    raise ValueError(f"callback.{key} and the callback context's {key} disagree")
+                context[key] = v
+            flat["callback_context"] = context
         return flat
 
     def normalized(self) -> dict[str, Any]:
