@@ -237,8 +237,10 @@ def test_r2v_with_inline_first_frame_succeeds_and_calls_back(api, receiver):
     assert len(receiver.attempts) == 3  # refused twice, retried with backoff, then delivered
     assert len({a["delivery_id"] for a in receiver.attempts}) == 1  # one delivery id across retries
     cb = receiver.delivered[0]["body"]
-    assert cb["remote_task_id"] == vid and cb["status"] == "succeeded" and cb["job_id"] == "film-s1-v1"
+    assert cb["remote_task_id"] == vid and cb["status"] == "completed" and cb["job_id"] == "film-s1-v1"
     assert cb["shot_id"] == "s1" and cb["video_url"] == done["video_url"]
+    # The Echo Director's words: status completed, the URL under the names its receiver reads first.
+    assert cb["result_url"] == cb["artifact_url"] == done["video_url"] and cb["completed_at"].endswith("Z")
     assert cb["callback_context"] == {"row": 3}
 
 
@@ -550,6 +552,7 @@ def test_merge_by_version_ids_produces_one_film(api, receiver):
     wait_for(lambda: receiver.delivered, 30, "merge callback")
     cb = receiver.delivered[0]["body"]
     assert cb["job_id"] == "film-merge-v1" and cb["result"]["video_url"] == done["video_url"]
+    assert cb["status"] == "completed" and cb["result"]["result_url"] == done["video_url"]
 
     missing = api.post("/merge", {"work_id": "film", "shots": [{"version_id": "nope"}]})
     assert missing.status_code == 409 and missing.json()["error"].startswith("shots[0].version_id")

@@ -179,6 +179,28 @@ def test_a_merge_accepted_from_the_envelope_calls_back_with_its_routing(store):
     assert (body["job_id"], body["work_id"]) == (JOB_ID, "work-20260429-demo")
 
 
+def test_a_success_calls_back_as_the_directors_receivers_accept_it(store):
+    """Its receivers answer 400 to a status other than completed or failed, and read the video's
+    URL first as result_url, then artifact_url, then video_url (the merge's under result)."""
+    url = "http://127.0.0.1:8221/media/r2v/w/shot_001/r1/output.mp4"
+    shot = _accept(store, "r2v", dict(SESSION), shot_id="shot_001", job_id="echo-w-shot_001-x")
+    shot = store.update_status(
+        shot.version_id, status="succeeded", stage="succeeded", result={"video_path": url.split("/media/")[1]}
+    )
+    body = callback_payload(shot, store, ApiConfig())
+    assert body["status"] == "completed" and body["completed_at"].endswith("Z")
+    assert body["result_url"] == body["artifact_url"] == body["video_url"] == url
+    film = _accept(store, "merge", dict(SESSION), job_id=JOB_ID)
+    film = store.update_status(
+        film.version_id, status="succeeded", stage="succeeded", result={"video_path": "merge/w/r2/film.mp4"}
+    )
+    result = callback_payload(film, store, ApiConfig())["result"]
+    assert result["result_url"] == result["artifact_url"] == result["video_url"]
+    assert result["video_url"].endswith("/media/merge/w/r2/film.mp4")
+    # The service's own word stays succeeded where a client polls it.
+    assert store.get(film.version_id).status == "succeeded"
+
+
 def test_a_context_without_the_fields_adds_nothing_and_none_stays_absent(store):
     plain = callback_payload(_accept(store, "r2v", {"row": 3}, n=1), store, ApiConfig())
     none = callback_payload(_accept(store, "r2v", None, n=2), store, ApiConfig())
