@@ -180,6 +180,11 @@ class ApiConfig(_Strict):
         description="Of those, at most this many to one receiver host: a receiver that hangs holds "
         "this many slots, never the others' callbacks.",
     )
+    callback_secret_env: str = Field(
+        default="SHOTLOOM_CALLBACK_SECRET",
+        description="Env var holding a shared secret every callback sends as X-Nanobot-Director-Secret "
+        "(the Echo Director's channel refuses callbacks without it when its secret is set); unset: none.",
+    )
     access_log: bool = Field(
         default=False,
         description="Log every request (uvicorn's access log). Off by default: under 50 pollers it was "

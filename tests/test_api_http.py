@@ -52,6 +52,7 @@ class Receiver:
                 entry = {
                     "body": body,
                     "delivery_id": self.headers.get("X-Shotloom-Delivery-Id"),
+                    "secret": self.headers.get("X-Nanobot-Director-Secret"),
                     "at": time.time(),
                 }
                 receiver.attempts.append(entry)

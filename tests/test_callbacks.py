@@ -156,3 +156,30 @@ def test_hung_and_trickling_receivers_delay_no_other_callback_and_are_retried(tm
     # the two deliverers (each has its own slots); every attempt was its own connection.
     assert receivers["hung"].most_open <= 2 * api.callback_concurrency_per_host
     assert receivers["hung"].connections == 2 * len(hung)
+
+
+def test_each_callback_carries_the_shared_secret_its_receiver_asks_for(tmp_path, monkeypatch):
+    """The Echo Director's channel, with its secret set, refuses a callback without it (401)."""
+    monkeypatch.setenv("DIRECTOR_SECRET", " s3cret ")
+    api = ApiConfig(callback_secret_env="DIRECTOR_SECRET", callback_backoff_seconds=0.1)
+    good = Receiver(refuse=0)
+    store = Store(api.resolved_database_url(tmp_path / "state"))
+    version = _accept(store, 1, good.url)
+    stopping = threading.Event()
+    thread = threading.Thread(target=Callbacks(store, api, stopping).loop, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 20
+        while not good.delivered and time.time() < deadline:
+            time.sleep(0.05)
+        [delivery] = good.delivered
+        assert delivery["body"]["version_id"] == version and delivery["secret"] == "s3cret"
+    finally:
+        stopping.set()
+        thread.join(timeout=10)
+        store.close()
+        good.close()
+    monkeypatch.delenv("DIRECTOR_SECRET")  # unset: no such header at all
+    other = Store(api.resolved_database_url(tmp_path / "other"))
+    assert Callbacks(other, api, stopping).headers == {}
+    other.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import threading
 import time
 from urllib.parse import urlsplit
@@ -26,6 +27,7 @@ from settings.api import ApiConfig
 
 log = logging.getLogger("shotloom.api")
 DELIVERY_HEADER = "X-Shotloom-Delivery-Id"
+SECRET_HEADER = "X-Nanobot-Director-Secret"  # the shared secret (api.callback_secret_env), when set
 IDLE_S = 0.5  # between looks at the outbox
 LEASE_MARGIN_S = 30.0  # a claimed attempt stays ours this long past its timeout (recording it included)
 DUE_PAGE = 100  # due deliveries read per page; pages are read until the free slots are filled...
@@ -44,6 +46,8 @@ class Callbacks:
         self.api = api
         self.stopping = stopping
         self.delivered = 0
+        secret = os.environ.get(api.callback_secret_env, "").strip()
+        self.headers = {SECRET_HEADER: secret} if secret else {}  # read once: at start
         self._flights: dict[str, str] = {}  # delivery id -> receiver host, while its attempt runs
         # (read and written on the delivery loop only; the store calls get a copy)
 
@@ -105,7 +109,8 @@ class Callbacks:
         try:
             try:
                 async with asyncio.timeout(timeout):
-                    resp = await client.post(d.url, json=d.payload, headers={DELIVERY_HEADER: d.delivery_id})
+                    headers = {DELIVERY_HEADER: d.delivery_id, **self.headers}
+                    resp = await client.post(d.url, json=d.payload, headers=headers)
                 ok, error = resp.is_success, f"HTTP {resp.status_code}"
             except TimeoutError:
                 ok, error = False, f"no answer within callback_timeout_seconds ({timeout:g} s)"
