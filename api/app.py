@@ -24,6 +24,7 @@ from api.admin.queue import operator_router
 from api.context import ApiContext
 from api.deps import submitter_dependency
 from api.errors import ApiError
+from api.gate import BodyRefused, RequestGate
 from api.openai.errors import (
     OpenAIError,
     http_error,
@@ -86,6 +87,8 @@ def create_app(ctx: ApiContext) -> FastAPI:
     async def _http_error(request: Request, exc: HTTPException) -> Response:
         """No such route (404), a wrong method (405): the envelope under /v1; elsewhere Starlette's
         own ``{"detail"}`` (which /media's 404 matches on purpose)."""
+        if isinstance(exc, BodyRefused):  # the gate's 413 / 408, in the R2V dialect's shape
+            return JSONResponse(exc.error.body(), status_code=exc.error.status)
         if is_openai_path(request.url.path):
             err = http_error(exc.status_code, request.method, request.url.path, exc.detail, exc.headers)
             return openai_error_response(err)
@@ -117,6 +120,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     app.include_router(r2v_router(ctx, polls))
     videos = VideoServing(ctx)
     app.include_router(openai_router(ctx, videos, polls))
+    app.add_middleware(RequestGate, api=ctx.api, keys=ctx.keys)  # before a body is read: key and size
     app.add_middleware(PollFastPath, polls=polls, keys=ctx.keys, requests=metrics)  # times every request
     app.include_router(health_router(ctx))
     app.include_router(operator_router(ctx))

@@ -69,12 +69,14 @@ class OpenAIConfig(_Strict):
         description="The work (lineage, memory by shot_id, merges) /v1 videos belong to unless "
         "extra_params.work_id names another.",
     )
-    max_seconds: float = Field(default=15.0, gt=0, description="Longest clip a request may ask for.")
-    max_width: int = Field(default=1280, gt=0, description="Widest frame a request may ask for.")
+    max_seconds: float = Field(
+        default=15.0, gt=0, description="Longest clip a request may ask for (/r2v's num_frames too)."
+    )
+    max_width: int = Field(default=1280, gt=0, description="Widest frame a request may ask for (/r2v too).")
     images_max_n: int = Field(
         default=4, ge=1, le=16, description="Most images one /v1/images request may ask for."
     )
-    max_height: int = Field(default=1280, gt=0, description="Tallest frame a request may ask for.")
+    max_height: int = Field(default=1280, gt=0, description="Tallest frame a request may ask for (/r2v too).")
     default_request: dict[str, Any] = Field(
         default_factory=dict,
         description="Operator defaults for /v1/videos fields (same names as the request); a field the "
@@ -163,6 +165,15 @@ class ApiConfig(_Strict):
     database_url: str | None = Field(
         default=None, description="SQLAlchemy URL of the service store; default sqlite under the state dir."
     )
+    max_body_bytes: int = Field(
+        default=256 * MiB,
+        gt=0,
+        description="Largest request body outside /v1 (413; refused from its Content-Length before it "
+        "is read). /v1 has its own, api.openai.max_body_bytes.",
+    )
+    body_idle_timeout_s: float = Field(
+        default=60.0, gt=0, description="A body outside /v1 that sends nothing for this long is 408."
+    )
     callback_max_attempts: int = Field(default=8, ge=0, description="0 = retry forever.")
     callback_backoff_seconds: float = Field(default=2.0, ge=0)
     callback_timeout_seconds: float = Field(
@@ -182,8 +193,14 @@ class ApiConfig(_Strict):
     )
     callback_secret_env: str = Field(
         default="SHOTLOOM_CALLBACK_SECRET",
-        description="Env var holding a shared secret every callback sends as X-Nanobot-Director-Secret "
-        "(the Echo Director's channel refuses callbacks without it when its secret is set); unset: none.",
+        description="Env var holding a shared secret sent as X-Nanobot-Director-Secret (the Echo "
+        "Director's channel refuses callbacks without it when its secret is set); unset: none.",
+    )
+    callback_secret_urls: list[str] = Field(
+        default_factory=list,
+        description="The receivers that get that secret, as URL prefixes (scheme, host and port equal, "
+        "the path under the prefix's), e.g. the Director's http://127.0.0.1:18791/api/director/; a "
+        "client names any callback URL, so the secret goes to no other.",
     )
     access_log: bool = Field(
         default=False,

@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import BaseModel, ValidationError
 
+from api.auth import KeyRing
 from api.core.jobs import JobService
 from api.r2v.protocol import validation_error_body
 from api.store import Store
@@ -22,9 +23,11 @@ def bare_app(
     api: ApiConfig | None = None,
     capabilities: Callable[[], dict[str, Any] | None] | None = None,
     worker_names: list[str] | None = None,
+    keys: KeyRing | None = None,
 ):
     """(a TestClient, the ApiContext). ``capabilities``: what the workers would publish (None: no
-    worker has loaded the model); ``worker_names``: the device workers /health counts."""
+    worker has loaded the model); ``worker_names``: the device workers /health counts; ``keys``:
+    the API keys (None: none, every route open)."""
     from api.app import create_app
     from api.background import Background
     from api.context import ApiContext
@@ -54,6 +57,7 @@ def bare_app(
         inference_config="configs/inference.wan-tiny.yaml",
         inference=inference,
         residency_policy="auto",
+        keys=keys or KeyRing([]),
     )
     return TestClient(create_app(ctx)), ctx
 

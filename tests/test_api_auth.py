@@ -51,3 +51,64 @@ def test_bad_keys_in_the_env_var_stop_the_server(monkeypatch, value, message):
     monkeypatch.setenv("SHOTLOOM_API_KEYS", value)
     with pytest.raises(ValueError, match=message):
         load_keys(AuthConfig())
+
+
+def _asgi_post(app, path: str, body_size: int, headers: list[tuple[bytes, bytes]], chunked: bool = False):
+    """POST ``body_size`` bytes straight to the ASGI app, counting what the app pulled of the body:
+    (status, response body, bytes read)."""
+    import asyncio
+    import json
+
+    chunk = b" " * 65536
+    pulled = {"bytes": 0, "left": body_size}
+    sent: list[dict] = []
+
+    async def receive():
+        if pulled["left"] <= 0:
+            return {"type": "http.disconnect"}
+        n = min(len(chunk), pulled["left"])
+        pulled["left"] -= n
+        pulled["bytes"] += n
+        return {"type": "http.request", "body": chunk[:n], "more_body": pulled["left"] > 0}
+
+    async def send(message):
+        sent.append(message)
+
+    length = [] if chunked else [(b"content-length", str(body_size).encode())]
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), *length, *headers],
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8221),
+    }  # fmt: skip
+    asyncio.run(app(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], json.loads(body), pulled["bytes"]
+
+
+def test_a_body_without_a_key_or_past_the_limit_is_refused_before_it_is_read(tmp_path):
+    """FastAPI parses a JSON body before any dependency runs: without the gate a client with no key
+    made the API read (and hold) a body of any size before its 401."""
+    from bare_api import bare_app
+
+    from api.auth import ApiKey, KeyRing
+    from settings.api import ApiConfig
+
+    key = [(b"authorization", b"Bearer k3y-of-studio")]
+    client, _ = bare_app(
+        tmp_path, api=ApiConfig(max_body_bytes=1 << 20), keys=KeyRing([ApiKey("studio", "k3y-of-studio")])
+    )
+    app = client.app
+    for path in ("/r2v", "/merge", "/queue/rerender"):
+        status, body, read = _asgi_post(app, path, 8 << 20, [])
+        assert (status, read) == (401, 0) and body["error"].startswith("a valid API key"), (path, body)
+    status, body, read = _asgi_post(app, "/r2v", 8 << 20, key)  # a key, a declared length past the limit
+    assert (status, read) == (413, 0) and "at most 1048576" in body["error"]
+    status, body, read = _asgi_post(app, "/r2v", 8 << 20, key, chunked=True)  # no length: cut at the limit
+    assert status == 413 and "passed 1048576" in body["error"] and read <= (1 << 20) + 65536
+    status, body, _ = _asgi_post(app, "/r2v", 10, key)  # within: on to the route (not JSON: 422)
+    assert status == 422
+    # /v1 guards its own body, its own way (the OpenAI envelope): not the gate's answer.
+    status, body, _ = _asgi_post(app, "/v1/videos", 10, [])
+    assert status == 401 and body["error"]["type"] == "authentication_error"

@@ -92,6 +92,21 @@ def test_accepted_job_holds_its_run_config_and_no_inline_data(tmp_path, store):
     assert job.request["inputs"]["condition_img"]["media_type"] == "image/png"
 
 
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [({"width": 16384}, "width"), ({"height": 1281}, "height"), ({"num_frames": 1025}, "num_frames")],
+)
+def test_a_shot_past_the_servers_own_limits_is_422_before_queueing(tmp_path, store, fields, field):
+    """The server's bounds (api.openai's max_width, max_height, max_seconds) hold for /r2v as for
+    /v1: one request could otherwise hold a device for hours."""
+    intake, pokes = make_intake(tmp_path, store)
+    error = refused(lambda: intake.accept_r2v(r2v(**fields), None), 422)
+    assert error.field == field and "on this server" in error.message
+    assert pokes == [] and store.counts_by_status("r2v").get("queued", 0) == 0
+    # At the bounds: accepted (1280 wide; 15 s at the default 16 fps is 241 frames).
+    assert intake.accept_r2v(r2v(width=1280, num_frames=241), None).job.status == "queued"
+
+
 def test_a_job_cancelled_before_it_ran_calls_back_once_as_failed(tmp_path, store):
     """Cancelled while queued (never handed to Dagster: no run will ever end to say so): the
     callback is queued with the outcome, as for any other end, and only once."""

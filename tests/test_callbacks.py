@@ -161,8 +161,12 @@ def test_hung_and_trickling_receivers_delay_no_other_callback_and_are_retried(tm
 def test_each_callback_carries_the_shared_secret_its_receiver_asks_for(tmp_path, monkeypatch):
     """The Echo Director's channel, with its secret set, refuses a callback without it (401)."""
     monkeypatch.setenv("DIRECTOR_SECRET", " s3cret ")
-    api = ApiConfig(callback_secret_env="DIRECTOR_SECRET", callback_backoff_seconds=0.1)
     good = Receiver(refuse=0)
+    api = ApiConfig(
+        callback_secret_env="DIRECTOR_SECRET",
+        callback_secret_urls=[good.url.rsplit("/", 1)[0] + "/"],  # the receiver's own base
+        callback_backoff_seconds=0.1,
+    )
     store = Store(api.resolved_database_url(tmp_path / "state"))
     version = _accept(store, 1, good.url)
     stopping = threading.Event()
@@ -179,7 +183,18 @@ def test_each_callback_carries_the_shared_secret_its_receiver_asks_for(tmp_path,
         thread.join(timeout=10)
         store.close()
         good.close()
-    monkeypatch.delenv("DIRECTOR_SECRET")  # unset: no such header at all
+    # A client names any callback URL: the secret goes only where the server YAML says.
     other = Store(api.resolved_database_url(tmp_path / "other"))
-    assert Callbacks(other, api, stopping).headers == {}
+    deliverer = Callbacks(other, api, stopping)
+    host = good.url.split("/hook")[0]
+    assert deliverer.headers_for(good.url) == {"X-Nanobot-Director-Secret": "s3cret"}
+    for elsewhere in (
+        "http://attacker.example/hook",
+        host + "0/hook",  # another port that starts alike
+        host.replace("127.0.0.1", "127.0.0.2") + "/hook",
+        "https" + host[4:] + "/hook",
+    ):
+        assert deliverer.headers_for(elsewhere) == {}, elsewhere
+    monkeypatch.delenv("DIRECTOR_SECRET")  # unset: no such header at all
+    assert Callbacks(other, api, stopping).headers_for(good.url) == {}
     other.close()

@@ -35,6 +35,15 @@ DUE_PAGES = 10  # ...or this many were read (a hung receiver's backlog cannot hi
 RECORD_RETRY_S = 1.0  # an outcome the store could not take (database away) is recorded again after this
 
 
+def under(url: str, prefix: str) -> bool:
+    """``url`` is ``prefix``'s scheme, host and port, its path at or below the prefix's."""
+    a, b = urlsplit(url), urlsplit(prefix)
+    if (a.scheme.lower(), a.netloc.lower()) != (b.scheme.lower(), b.netloc.lower()):
+        return False
+    base = b.path if b.path.endswith("/") else b.path + "/"
+    return a.path == b.path or a.path.startswith(base)
+
+
 def receiver_host(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
@@ -46,8 +55,13 @@ class Callbacks:
         self.api = api
         self.stopping = stopping
         self.delivered = 0
-        secret = os.environ.get(api.callback_secret_env, "").strip()
-        self.headers = {SECRET_HEADER: secret} if secret else {}  # read once: at start
+        secret = os.environ.get(api.callback_secret_env, "").strip()  # read once: at start
+        self.secret = {SECRET_HEADER: secret} if secret else {}
+        if secret and not api.callback_secret_urls:
+            log.warning(
+                "%s is set but api.callback_secret_urls is empty: no callback carries it",
+                api.callback_secret_env,
+            )
         self._flights: dict[str, str] = {}  # delivery id -> receiver host, while its attempt runs
         # (read and written on the delivery loop only; the store calls get a copy)
 
@@ -55,6 +69,12 @@ class Callbacks:
         """The callback ``job`` gets for its outcome: what ``Store.update_status(callback=...)``
         queues with the change that finishes it."""
         return callback_payload(job, self.store, self.api)
+
+    def headers_for(self, url: str) -> dict[str, str]:
+        """The secret, for a receiver under one of ``callback_secret_urls`` only."""
+        if self.secret and any(under(url, prefix) for prefix in self.api.callback_secret_urls):
+            return self.secret
+        return {}
 
     def loop(self) -> None:
         asyncio.run(self._deliver_until_stopped())
@@ -109,7 +129,7 @@ class Callbacks:
         try:
             try:
                 async with asyncio.timeout(timeout):
-                    headers = {DELIVERY_HEADER: d.delivery_id, **self.headers}
+                    headers = {DELIVERY_HEADER: d.delivery_id, **self.headers_for(d.url)}
                     resp = await client.post(d.url, json=d.payload, headers=headers)
                 ok, error = resp.is_success, f"HTTP {resp.status_code}"
             except TimeoutError:
