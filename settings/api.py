@@ -29,7 +29,8 @@ class InputPolicy(_Strict):
     fetch_urls: bool = Field(default=True, description="Fetch http(s) URLs; off: refuse them.")
     allow_private_addresses: bool = Field(
         default=False,
-        description="Allow URLs whose host resolves to a private, loopback, link-local or reserved address.",
+        description="Allow URLs whose host resolves to an address that is not globally routable "
+        "(private, loopback, link-local, carrier-grade NAT 100.64.0.0/10, reserved, ...).",
     )
     max_bytes: int = Field(default=50 * MiB, gt=0, description="Largest accepted resource (decoded).")
     max_pixels: int = Field(default=4096 * 4096, gt=0, description="Largest accepted image (width x height).")
@@ -48,7 +49,22 @@ class InputPolicy(_Strict):
         ge=1.0,
         description="Largest accepted ratio of an image's or video's longer side to its shorter one.",
     )
-    fetch_timeout_seconds: float = Field(default=20.0, gt=0)
+    fetch_timeout_seconds: float = Field(
+        default=20.0,
+        gt=0,
+        description="Deadline of a whole http(s) fetch, however slowly the peer answers: host lookups, "
+        "connects, TLS, headers and body of every redirect hop.",
+    )
+    max_video_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description="Longest accepted video input (its frames and any audio track), in seconds, measured "
+        "from its packets' timestamps and the container's durations; longer, or frames less than 1 a "
+        "second on average: refused (400/422 naming the field) before anything is queued.",
+    )
+    max_audio_seconds: float = Field(
+        default=600.0, gt=0, description="Longest accepted audio input, in seconds, measured the same way."
+    )
 
     def resolved(self, base: Path) -> InputPolicy:
         """Relative ``allowed_roots`` made absolute against ``base`` (the input boundary ignores

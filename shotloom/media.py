@@ -211,18 +211,43 @@ def _open_mp4_output(tmp: Path) -> Any:
 
 # -- audio --------------------------------------------------------------------------------------
 
+# Channel layouts for audio that names none (FFmpeg's defaults for the count).
+_DEFAULT_LAYOUTS = {1: "mono", 2: "stereo", 3: "2.1", 4: "4.0", 5: "5.0", 6: "5.1", 7: "6.1", 8: "7.1"}
 
-def _resample(audio: np.ndarray, rate_in: int, rate_out: int, channels_out: int) -> np.ndarray:
-    """Convert (channels, samples) float32 to another rate and/or channel count with swresample."""
+
+def _layout_fits(layout: str | None, channels: int) -> bool:
+    """Whether ``layout`` names the speakers of ``channels`` channels ("6 channels" names none)."""
+    if not layout or layout.endswith("channels"):
+        return False
+    try:
+        return len(av.AudioLayout(layout).channels) == channels
+    except ValueError:
+        return False
+
+
+def _resample(
+    audio: np.ndarray, rate_in: int, rate_out: int, channels_out: int, layout_in: str | None = None
+) -> np.ndarray:
+    """Convert (channels, samples) float32 to another rate and/or channel count with swresample.
+
+    Mono becomes each output channel unchanged (swresample would upmix it 3 dB down); more channels
+    are downmixed by ``layout_in`` (default: FFmpeg's layout for the channel count).
+    """
     channels_in = audio.shape[0]
+    if channels_in == 1 and channels_out > 1:
+        return np.repeat(_resample(audio, rate_in, rate_out, 1), channels_out, axis=0)
     if rate_in == rate_out and channels_in == channels_out:
         return audio
+    if not _layout_fits(layout_in, channels_in):
+        layout_in = _DEFAULT_LAYOUTS.get(channels_in)
+        if layout_in is None:
+            raise ValueError(f"cannot downmix {channels_in} audio channels without a channel layout")
     resampler = av.AudioResampler(format="fltp", layout=_layout(channels_out), rate=rate_out)
     out: list[np.ndarray] = []
     step = 1 << 16  # bounded frames keep swresample's buffers small
     for start in range(0, audio.shape[1], step):
         frame = av.AudioFrame.from_ndarray(
-            np.ascontiguousarray(audio[:, start : start + step]), format="fltp", layout=_layout(channels_in)
+            np.ascontiguousarray(audio[:, start : start + step]), format="fltp", layout=layout_in
         )
         frame.sample_rate = rate_in
         out.extend(f.to_ndarray() for f in resampler.resample(frame))
@@ -750,13 +775,100 @@ def extract_audio_wav(path: str | Path, out_wav: str | Path) -> Path:
 # -- merging ------------------------------------------------------------------------------------
 
 
-def _video_signature(path: Path) -> tuple[object, ...]:
-    """Everything that must match for packets from several files to form one valid H.264 stream."""
-    with _open_input(path) as c:
-        v = c.streams.video[0]
-        cc = v.codec_context
-        extradata = bytes(cc.extradata or b"")
-        return (cc.name, cc.width, cc.height, cc.pix_fmt, v.average_rate, v.time_base, extradata)
+@dataclass(frozen=True)
+class _Shot:
+    """One merge input, checked: its probe and what placing it in the film needs."""
+
+    index: int  # 0-based among the merge's inputs
+    info: MediaInfo
+    first_pts: int  # its first video frame's pts (video time base)
+    start: Fraction  # ... in seconds: its audio is placed relative to it
+    rotation: int  # display rotation, degrees counter-clockwise (a multiple of 90)
+    signature: tuple[object, ...]  # equal for every input: the video can be stream-copied
+
+    @property
+    def display_size(self) -> tuple[int, int]:
+        w, h = self.info.width, self.info.height
+        return (h, w) if self.rotation % 180 else (w, h)
+
+    def error(self, why: str) -> ValueError:
+        return _input_error(self.index, self.info.path, why)
+
+
+def _input_error(index: int, path: Path, why: str) -> ValueError:
+    return ValueError(f"merge input {index} ({path.name}): {why}")
+
+
+def _inspect(index: int, path: Path) -> _Shot:
+    """Probe a merge input and refuse what cannot be shown as a video shot, naming the input.
+
+    Its signature holds everything that must match for packets from several files to form one valid
+    H.264 stream: codec, size, pix_fmt, rate, time base, extradata, rotation and the reorder delay
+    (first dts - first pts). Stream copy also needs timestamps one frame apart (pts contiguous, dts
+    strictly increasing): then shifting each input by the frames before it keeps dts monotonic and
+    the film's duration is the sum of the shots'. Any other input gets a signature of its own.
+    """
+    try:
+        info = probe(path)
+    except ValueError as e:
+        raise _input_error(index, path, str(e)) from e
+
+    def fail(why: str) -> ValueError:
+        return _input_error(index, path, why)
+
+    try:
+        with _open_input(path) as c:
+            fmt, v = c.format.name, c.streams.video[0]
+            if fmt == "image2" or fmt.endswith("_pipe"):
+                raise fail(f"is a still image ({fmt}), not a video")
+            if info.frames == 0:
+                raise fail("has no timestamped video frames (a raw stream such as .h264?)")
+            if not info.fps:
+                raise fail("has no video frame rate")
+            if v.frames > info.frames:
+                raise fail(f"is truncated: holds {info.frames} of its {v.frames} video frames")
+            tb = Fraction(v.time_base)
+            cc = v.codec_context
+            extradata = bytes(cc.extradata or b"")
+            pts: list[int] = []
+            dts: list[int | None] = []
+            for packet in c.demux(v):
+                if packet.size and packet.pts is not None:
+                    pts.append(packet.pts)
+                    dts.append(packet.dts)
+        with _open_input(path) as c:
+            first = next(iter(c.decode(c.streams.video[0])), None)
+            if first is None:
+                raise fail("has no decodable video frames")
+            # the display matrix, as FFmpeg applies it: counter-clockwise degrees
+            rotation = round((first.rotation or 0) / 90) * 90 % 360
+    except av.FFmpegError as e:
+        raise fail(f"cannot read its video: {e}") from e
+    start = min(pts)
+    step = 1 / (info.fps * tb)
+    regular = (
+        step.denominator == 1
+        and None not in dts
+        and sorted(pts) == [start + k * step for k in range(len(pts))]
+        and dts == [dts[0] + k * step for k in range(len(dts))]  # type: ignore[operator]
+    )
+    even = info.width % 2 == 0 and info.height % 2 == 0
+    if regular and even:
+        delay = dts[0] - start  # type: ignore[operator]
+        signature: tuple[object, ...] = (
+            info.video_codec,
+            info.width,
+            info.height,
+            info.pix_fmt,
+            info.fps,
+            tb,
+            extradata,
+            delay,
+            rotation,
+        )
+    else:
+        signature = ("reencode", index)
+    return _Shot(index, info, start, start * tb, rotation, signature)
 
 
 def _segment_frames(infos: list[MediaInfo], fps_out: Fraction, copy: bool) -> list[int]:
@@ -771,46 +883,127 @@ def _segment_frames(infos: list[MediaInfo], fps_out: Fraction, copy: bool) -> li
     return [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
-def _segment_audio(info: MediaInfo, rate: int, channels: int, n: int) -> np.ndarray:
-    if not info.has_audio:
-        return np.zeros((channels, n), np.float32)
-    audio, src_rate = read_audio(info.path)
-    return _fit(_resample(audio, src_rate, rate, channels), n)
-
-
-def _copy_video(out: Any, stream: Any, path: Path, offset_s: Fraction) -> None:
-    """Remux one input's H.264 packets, shifted so the input starts at ``offset_s``."""
+def _audio_from(path: Path, origin: Fraction) -> tuple[np.ndarray, int, str]:
+    """The first audio stream as ((channels, samples) float32, rate, layout), sample 0 at ``origin``
+    seconds (the first video frame): a later start is preceded by silence, an earlier one trimmed.
+    As :func:`read_audio`, samples before t=0 (AAC priming) and after the packets' end are dropped."""
     with _open_input(path) as c:
-        v = c.streams.video[0]
-        shift = round(offset_s / v.time_base) - (v.start_time or 0)
-        for packet in c.demux(v):
-            if packet.size == 0 or packet.pts is None:
-                continue
-            packet.pts += shift
-            packet.dts = packet.dts + shift if packet.dts is not None else None
-            packet.stream = stream
-            out.mux(packet)
+        stream = c.streams.audio[0]
+        rate, channels, time_base = (
+            stream.codec_context.sample_rate,
+            stream.codec_context.channels,
+            stream.time_base,
+        )
+        layout = stream.layout.name
+        aspan = _scan(c)[1]
+    end = round(_seconds(aspan, time_base, origin=0) * rate) if aspan else 0
+    zero = round(origin * rate)  # absolute sample shown with the first video frame
+    out = np.zeros((channels, max(0, end - zero)), np.float32)
+    with _open_input(path) as c:
+        position = 0
+        for frame in c.decode(c.streams.audio[0]):
+            data = _frame_to_float(frame)
+            if frame.pts is not None:
+                position = round(Fraction(frame.pts) * time_base * rate)
+            lo, hi = max(0, -position, zero - position), min(data.shape[1], end - position)
+            if hi > lo:
+                out[:, position + lo - zero : position + hi - zero] = data[:, lo:hi]
+            position += data.shape[1]
+    return out, rate, layout
 
 
-def _reencode_video(out: Any, stream: Any, info: MediaInfo, n_out: int, fps_out: Fraction, first: int) -> int:
+def _segment_audio(shot: _Shot, rate: int, channels: int, n: int) -> np.ndarray:
+    if not shot.info.has_audio:
+        return np.zeros((channels, n), np.float32)
+    try:
+        audio, src_rate, layout = _audio_from(shot.info.path, shot.start)
+        return _fit(_resample(audio, src_rate, rate, channels, layout), n)
+    except (av.FFmpegError, ValueError) as e:
+        raise shot.error(f"cannot use its audio: {e}") from e
+
+
+def _fit_size(width: int, height: int, box_w: int, box_h: int) -> tuple[int, int]:
+    """Even size of a ``width`` x ``height`` picture scaled to fit inside the box, keeping aspect."""
+    scale = min(Fraction(box_w, width), Fraction(box_h, height))
+    return (
+        min(box_w, max(2, 2 * round(width * scale / 2))),
+        min(box_h, max(2, 2 * round(height * scale / 2))),
+    )
+
+
+def _pad_yuv420(frame: av.VideoFrame, width: int, height: int) -> av.VideoFrame:
+    """``frame`` (yuv420p, even size) centered on a black ``width`` x ``height`` picture."""
+    fw, fh = frame.width, frame.height
+    src = frame.to_ndarray().ravel()  # the Y plane, then U, then V
+    y = src[: fw * fh].reshape(fh, fw)
+    u = src[fw * fh : fw * fh * 5 // 4].reshape(fh // 2, fw // 2)
+    v = src[fw * fh * 5 // 4 :].reshape(fh // 2, fw // 2)
+    x0, y0 = (width - fw) // 4 * 2, (height - fh) // 4 * 2  # even, so the chroma planes line up
+    planes = np.full((height, width), 16, np.uint8), np.full((2, height // 2, width // 2), 128, np.uint8)
+    planes[0][y0 : y0 + fh, x0 : x0 + fw] = y
+    planes[1][0, y0 // 2 : y0 // 2 + fh // 2, x0 // 2 : x0 // 2 + fw // 2] = u
+    planes[1][1, y0 // 2 : y0 // 2 + fh // 2, x0 // 2 : x0 // 2 + fw // 2] = v
+    data = np.concatenate([planes[0].ravel(), planes[1].ravel()]).reshape(height * 3 // 2, width)
+    return av.VideoFrame.from_ndarray(data, format=PIX_FMT)
+
+
+def _conform(
+    frame: av.VideoFrame, rotation: int, size: tuple[int, int], fit: tuple[int, int]
+) -> av.VideoFrame:
+    """A decoded frame as the film shows it: rotated upright, scaled to ``fit`` and, if that is
+    smaller than the film's ``size``, centered on black (letterbox/pillarbox)."""
+    if rotation:
+        upright = np.rot90(frame.to_ndarray(format="rgb24"), k=rotation // 90)
+        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(upright), format="rgb24")
+    out = frame.reformat(width=fit[0], height=fit[1], format=PIX_FMT)
+    return out if fit == size else _pad_yuv420(out, *size)
+
+
+def _copy_video(out: Any, stream: Any, shot: _Shot, offset_s: Fraction) -> None:
+    """Remux one input's H.264 packets, shifted so the input starts at ``offset_s``. Each packet is
+    also decoded: an input whose frames do not all decode fails here, not in the film's player."""
+    decoded = 0
+    try:
+        with _open_input(shot.info.path) as c:
+            v = c.streams.video[0]
+            shift = round(offset_s / v.time_base) - shot.first_pts
+            for packet in c.demux(v):
+                if packet.size == 0 or packet.pts is None:
+                    continue
+                decoded += len(packet.decode())
+                packet.pts += shift
+                packet.dts = packet.dts + shift if packet.dts is not None else None
+                packet.stream = stream
+                out.mux(packet)
+            decoded += len(v.codec_context.decode(None))
+    except av.FFmpegError as e:
+        raise shot.error(f"cannot decode its video: {e}") from e
+    if decoded < shot.info.frames:
+        raise shot.error(f"only {decoded} of its {shot.info.frames} video frames decode")
+
+
+def _reencode_video(out: Any, stream: Any, shot: _Shot, n_out: int, fps_out: Fraction, first: int) -> int:
     """Decode one input and encode ``n_out`` frames at ``fps_out`` and the output size.
 
     Output frame j shows the input frame on screen at j / fps_out (nearest earlier frame).
     Returns the next output frame index.
     """
-    width, height = stream.width, stream.height
-    j, last = 0, None
-    with _open_input(info.path) as c:
-        for k, frame in enumerate(c.decode(c.streams.video[0])):
-            last = frame.reformat(width=width, height=height, format=PIX_FMT)
-            while j < n_out and math.floor(Fraction(j) * info.fps / fps_out) <= k:
-                _encode_at(out, stream, last, first + j)
-                j += 1
-    if last is None:
-        if n_out:
-            raise ValueError(f"{info.path} has no decodable video frames")
-        return first
-    while j < n_out:  # the input decoded fewer frames than it declared: hold the last one
+    size = (stream.width, stream.height)
+    fit = _fit_size(*shot.display_size, *size)
+    j, k, last = 0, 0, None
+    try:
+        with _open_input(shot.info.path) as c:
+            for frame in c.decode(c.streams.video[0]):
+                last = _conform(frame, shot.rotation, size, fit)
+                while j < n_out and math.floor(Fraction(j) * shot.info.fps / fps_out) <= k:
+                    _encode_at(out, stream, last, first + j)
+                    j += 1
+                k += 1
+    except av.FFmpegError as e:
+        raise shot.error(f"cannot decode its video: {e}") from e
+    if last is None or k < shot.info.frames:
+        raise shot.error(f"only {k} of its {shot.info.frames} video frames decode")
+    while j < n_out:  # rounding to the film's rate: hold the last frame
         _encode_at(out, stream, last, first + j)
         j += 1
     return first + n_out
@@ -833,37 +1026,47 @@ def merge_mp4(
 ) -> MergeResult:
     """Concatenate MP4s in order into one MP4 with one AAC track that stays in sync.
 
-    Video is stream-copied when every input has the same encoder settings (codec, size, pix_fmt,
-    rate, time base, extradata), otherwise re-encoded with libx264 to the first input's size and
-    rate. Audio is always decoded and encoded once: inputs without audio contribute silence, and
-    each segment is padded/trimmed to its video length. Audio rate: the first input's that has
-    audio (if AAC can encode it), else ``silent_sample_rate``.
+    Video is stream-copied when every input has the same encoder settings and timing (codec, even
+    size, pix_fmt, rate, time base, extradata, rotation, reorder delay; see :func:`_inspect`),
+    otherwise re-encoded with libx264 at the first input's rate and displayed size (rounded down to
+    even): each input is rotated upright and scaled to fit inside, keeping its aspect ratio, centered
+    on black. Audio is always decoded and encoded once, each input's placed from its first video
+    frame: inputs without audio contribute silence, each segment is padded/trimmed to its video
+    length, mono is copied to each channel (no level change) and more channels are downmixed by
+    their layout. Audio rate: the first input's that has audio (if AAC can encode it), else
+    ``silent_sample_rate``. An input that is not a decodable video (a still image, a raw stream
+    without timestamps, a truncated file) raises ValueError naming its 0-based index and file name.
     """
     if not inputs:
         raise ValueError("merge_mp4 needs at least one input")
-    paths, output = [Path(p) for p in inputs], Path(output)
-    infos = [probe(p) for p in paths]  # raises ValueError naming an unreadable file
-    copy = len({_video_signature(p) for p in paths}) == 1
+    output = Path(output)
+    shots = [_inspect(i, Path(p)) for i, p in enumerate(inputs)]
+    infos = [s.info for s in shots]
+    copy = len({s.signature for s in shots}) == 1
     fps_out = infos[0].fps
+    width, height = shots[0].display_size
+    width, height = width - width % 2, height - height % 2
+    if width < 2 or height < 2:
+        raise shots[0].error(f"is too small for a film: {infos[0].width}x{infos[0].height}")
     rate = next((i.audio_sample_rate for i in infos if i.audio_sample_rate), silent_sample_rate)
     rate = _aac_rate(rate, silent_sample_rate)
     seg_frames = _segment_frames(infos, fps_out, copy)
     with _atomic_output(output) as tmp, _open_mp4_output(tmp) as out:
         if copy:
-            with _open_input(paths[0]) as c:
+            with _open_input(shots[0].info.path) as c:
                 video = out.add_stream_from_template(c.streams.video[0])
         else:
-            video = _add_h264(out, infos[0].width, infos[0].height, fps_out, crf, preset)
+            video = _add_h264(out, width, height, fps_out, crf, preset)
         sink = _AacSink(out, rate, channels)
         done = 0
-        for info, n in zip(infos, seg_frames, strict=True):
+        for shot, n in zip(shots, seg_frames, strict=True):
             quota = _samples_at(done + n, fps_out, rate) - _samples_at(done, fps_out, rate)
-            sink.push(_segment_audio(info, rate, channels, quota))
+            sink.push(_segment_audio(shot, rate, channels, quota))
             if copy:
-                _copy_video(out, video, info.path, Fraction(done) / fps_out)
+                _copy_video(out, video, shot, Fraction(done) / fps_out)
                 done += n
             else:
-                done = _reencode_video(out, video, info, n, fps_out, done)
+                done = _reencode_video(out, video, shot, n, fps_out, done)
         if not copy:
             _encode_video(out, video, None)
         sink.close()

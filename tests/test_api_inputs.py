@@ -306,3 +306,218 @@ def test_a_video_that_cannot_make_a_frame_is_refused_naming_the_field(tmp_path, 
 def test_copy_into_assets_trusts_server_files(tmp_path, assets, image_file):
     a = copy_into_assets(image_file, "image", InputPolicy(), assets)
     assert a.path.is_file() and a.width == 64
+
+
+# -- review fixes: formats, addresses, the fetch's deadline, a video's length and rate -------------
+
+
+def test_only_the_image_formats_the_service_takes_are_opened(assets, monkeypatch):
+    """Data labelled image/png that is really EPS (or any other Pillow format) is refused naming the
+    field, the same way as an unreadable image, and never reaches a helper such as Ghostscript."""
+    from PIL import EpsImagePlugin
+
+    ghostscript_calls = []
+
+    def fake_ghostscript(*args, **kwargs):
+        ghostscript_calls.append(args)
+        raise OSError("Ghostscript must not run")
+
+    monkeypatch.setattr(EpsImagePlugin, "Ghostscript", fake_ghostscript)
+    eps = (
+        b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 32 32\n%%EndComments\n"
+        b"newpath 0 0 moveto 32 32 lineto stroke\nshowpage\n%%EOF\n"
+    )
+    field = "memory_slots[0].image_url"
+    with pytest.raises(InputError, match="not a readable image") as e:
+        resolve_resource(_data_url(eps), "image", InputPolicy(), assets, field=field)
+    assert e.value.field == field and "PNG, JPEG, WEBP, GIF, BMP or TIFF" in e.value.message
+    assert ghostscript_calls == []
+    for fmt in ("PPM", "ICO", "PCX", "TGA"):  # readable by Pillow, not formats the service takes
+        with pytest.raises(InputError, match="not a readable image") as e:
+            resolve_resource(
+                _data_url(_image_bytes("RGB", 32, 32, fmt)), "image", InputPolicy(), assets, field=field
+            )
+        assert e.value.field == field, fmt
+    for fmt in ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF"):
+        asset = resolve_resource(_data_url(_image_bytes("RGB", 32, 32, fmt)), "image", InputPolicy(), assets)
+        assert asset.width == 32 and asset.path.suffix == "." + api_inputs._IMAGE_EXT[fmt], fmt
+    assert not list((assets / ".tmp").iterdir())
+
+
+def test_only_globally_routable_addresses_are_public(assets):
+    import ipaddress
+
+    for refused in (
+        "100.64.0.1",  # carrier-grade NAT, Tailscale
+        "100.100.100.200",  # Alibaba Cloud's metadata service
+        "100.127.255.254",
+        "::ffff:100.100.100.200",  # IPv4-mapped
+        "64:ff9b::6464:64c8",  # NAT64 of 100.100.100.200
+        "64:ff9b::a9fe:a9fe",  # NAT64 of 169.254.169.254
+        "::7f00:1",  # IPv4-compatible 127.0.0.1
+        "2002:6464:64c8::1",  # 6to4 of 100.100.100.200
+        "10.0.0.1", "127.0.0.1", "169.254.169.254", "0.0.0.0", "198.18.0.1", "fd00::1", "fe80::1",
+        "fec0::1", "::1", "::", "224.0.0.1", "ff02::1",
+    ):  # fmt: skip
+        assert not api_inputs._is_public(ipaddress.ip_address(refused)), refused
+    for public in ("8.8.8.8", "1.1.1.1", "100.63.255.255", "100.128.0.1", "2606:4700:4700::1111"):
+        assert api_inputs._is_public(ipaddress.ip_address(public)), public
+    # Refused before any connection is made, naming the field.
+    with pytest.raises(InputError, match="private or local address") as e:
+        resolve_resource(
+            "http://100.100.100.200/latest/meta-data/x.png",
+            "image",
+            InputPolicy(),
+            assets,
+            field="condition_img",
+        )
+    assert e.value.field == "condition_img"
+
+
+class _Trickler:
+    """A real HTTP server on 127.0.0.1 that sends its answer one byte every ``gap`` seconds: in the
+    status line and headers (``headers``) or, after complete headers, in the body (``body``)."""
+
+    def __init__(self, mode: str, gap: float = 0.1, total_s: float = 15.0):
+        import socket
+
+        self.mode, self.gap, self.total_s = mode, gap, total_s
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        import time
+
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        with conn:
+            conn.recv(65536)
+            if self.mode == "body":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: 100000\r\n\r\n")
+                data = b"\x89PNG" + b"x" * 99996
+            else:
+                data = b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 100000
+            end = time.monotonic() + self.total_s
+            for byte in data:
+                if self.stop.is_set() or time.monotonic() > end:
+                    return
+                try:
+                    conn.send(bytes([byte]))
+                except OSError:  # the client hung up: done
+                    return
+                time.sleep(self.gap)
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+        self.thread.join(timeout=2)
+
+
+@pytest.mark.parametrize("mode", ["headers", "body"])
+def test_a_trickling_server_cannot_hold_a_fetch_past_its_deadline(assets, mode):
+    import time
+
+    server = _Trickler(mode)
+    try:
+        policy = InputPolicy(fetch_timeout_seconds=1.0, allow_private_addresses=True)
+        start = time.monotonic()
+        with pytest.raises(InputError) as e:
+            resolve_resource(
+                f"http://127.0.0.1:{server.port}/a.png", "image", policy, assets, field="condition_img"
+            )
+        elapsed = time.monotonic() - start
+    finally:
+        server.close()
+    assert e.value.field == "condition_img"
+    assert "fetch took longer than 1 s" in e.value.message, e.value.message
+    assert elapsed < 2.0, f"{mode}: the fetch took {elapsed:.1f} s with a 1 s deadline"
+    assert not list((assets / ".tmp").iterdir())
+
+
+def test_a_slow_host_lookup_counts_against_the_fetch_deadline(assets, monkeypatch):
+    import socket
+    import time
+
+    real = socket.getaddrinfo
+
+    def slow(host, *args, **kwargs):
+        if host == "slow.example":
+            time.sleep(3)
+        return real("127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    policy = InputPolicy(fetch_timeout_seconds=0.5, allow_private_addresses=True)
+    start = time.monotonic()
+    with pytest.raises(InputError, match="fetch took longer than 0.5 s") as e:
+        resolve_resource("http://slow.example/a.png", "image", policy, assets, field="condition_img")
+    assert e.value.field == "condition_img" and time.monotonic() - start < 1.5
+
+
+def _sparse_mp4(path: Path, n: int, gap_s: float, size: int = 32) -> Path:
+    """``n`` H.264 frames ``gap_s`` seconds apart: a tiny file that claims a long, sparse video."""
+    from fractions import Fraction
+
+    import av
+
+    with av.open(str(path), "w", format="mp4") as out:
+        stream = out.add_stream("libx264", rate=16)
+        stream.width, stream.height, stream.pix_fmt = size, size, "yuv420p"
+        stream.codec_context.time_base = Fraction(1, 1000)
+        for i in range(n):
+            frame = av.VideoFrame.from_ndarray(np.full((size, size, 3), i * 20, np.uint8), format="rgb24")
+            frame.pts, frame.time_base = int(i * gap_s * 1000), Fraction(1, 1000)
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return path
+
+
+def test_a_video_too_long_or_too_sparse_is_refused_naming_the_field(tmp_path, assets):
+    policy = InputPolicy(allowed_roots=[tmp_path])
+    hours = _sparse_mp4(tmp_path / "hours.mp4", 10, 3600)  # the review's 1.8 KB "merge bomb"
+    assert hours.stat().st_size < 4000
+    with pytest.raises(InputError) as e:
+        resolve_resource(str(hours), "video", policy, assets, field="shots[1].video_url")
+    assert e.value.field == "shots[1].video_url"
+    assert "longer than the limit of 600 s" in e.value.message, e.value.message
+    sparse = _sparse_mp4(tmp_path / "sparse.mp4", 10, 30)  # 4.5 minutes: under the limit, 10 frames
+    with pytest.raises(InputError) as e:
+        resolve_resource(str(sparse), "video", policy, assets, field="source_video")
+    assert e.value.field == "source_video"
+    assert "at least 1 frame per second on average" in e.value.message, e.value.message
+    dense = _sparse_mp4(tmp_path / "dense.mp4", 10, 0.5)  # 2 frames a second: fine
+    assert resolve_resource(str(dense), "video", policy, assets).width == 32
+    ok = tmp_path / "ok.mp4"
+    write_mp4(ok, np.zeros((17, 16, 16, 3), np.uint8), 8, None, None, preset="ultrafast")  # 2.1 s
+    assert resolve_resource(str(ok), "video", policy, assets).width == 16
+    short = InputPolicy(allowed_roots=[tmp_path], max_video_seconds=2)
+    with pytest.raises(InputError, match="longer than the limit of 2 s"):
+        resolve_resource(str(ok), "video", short, assets, field="video_url")
+    assert not list((assets / ".tmp").iterdir())
+
+
+def test_audio_longer_than_the_limit_is_refused_naming_the_field(tmp_path, assets):
+    policy = InputPolicy(allowed_roots=[tmp_path], max_audio_seconds=2)
+    wav = _wav(tmp_path / "long.wav", seconds=3)
+    with pytest.raises(InputError, match="longer than the limit of 2 s") as e:
+        resolve_resource(str(wav), "audio", policy, assets, field="memory_slots[0].audio_url")
+    assert e.value.field == "memory_slots[0].audio_url"
+    assert resolve_resource(str(wav), "audio", InputPolicy(allowed_roots=[tmp_path]), assets).role == "audio"
+    assert resolve_resource(str(_wav(tmp_path / "short.wav", 1.5)), "audio", policy, assets).role == "audio"
+
+
+def test_the_length_limits_are_server_config():
+    assert (InputPolicy().max_video_seconds, InputPolicy().max_audio_seconds) == (600.0, 600.0)
+    inputs = ApiConfig.model_validate({"inputs": {"max_video_seconds": 30, "max_audio_seconds": 20}}).inputs
+    assert (inputs.max_video_seconds, inputs.max_audio_seconds) == (30.0, 20.0)
+    for bad in ({"max_video_seconds": 0}, {"max_audio_seconds": -1}):
+        with pytest.raises(ValueError):
+            ApiConfig.model_validate({"inputs": bad})

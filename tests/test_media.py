@@ -6,6 +6,7 @@ import wave
 from fractions import Fraction
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 from PIL import Image
@@ -285,3 +286,185 @@ def test_read_frames_at_seeks_to_the_same_frames_as_a_full_decode(clips, tmp_pat
         assert np.array_equal(media.read_frames_at(result.info.path, picked), full[picked])
     with pytest.raises(ValueError, match="out of range"):
         media.read_frames_at(clips["tone"], [N_FRAMES])
+
+
+# -- merge inputs not written by write_mp4 ---------------------------------------------------------
+
+
+def pyav_clip(
+    path: Path,
+    frames: np.ndarray,
+    fps: int = FPS,
+    *,
+    pix_fmt: str = "yuv420p",
+    audio: np.ndarray | None = None,
+    rate: int = 48000,
+    layout: str = "stereo",
+    audio_start: int = 0,
+    video_start: int = 0,
+    rotation: int = 0,
+    fmt: str | None = None,
+) -> Path:
+    """Encode with PyAV's defaults (as another tool would): timestamps, sizes and layouts we choose."""
+    with av.open(str(path), "w", format=fmt) as c:
+        v = c.add_stream("libx264", rate=fps)
+        v.width, v.height, v.pix_fmt = frames.shape[2], frames.shape[1], pix_fmt
+        if rotation:
+            v.set_display_rotation(rotation)
+        a = None
+        if audio is not None:
+            a = c.add_stream("aac", rate=rate)
+            a.layout = layout
+        for i, rgb in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            frame.pts, frame.time_base = i + video_start, Fraction(1, fps)
+            for packet in v.encode(frame):
+                c.mux(packet)
+        for packet in v.encode(None):
+            c.mux(packet)
+        if a is not None and audio is not None:
+            for pos in range(0, audio.shape[1], 1024):
+                chunk = np.ascontiguousarray(audio[:, pos : pos + 1024])
+                frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout=layout)
+                frame.sample_rate, frame.pts, frame.time_base = rate, pos + audio_start, Fraction(1, rate)
+                for packet in a.encode(frame):
+                    c.mux(packet)
+            for packet in a.encode(None):
+                c.mux(packet)
+    return path
+
+
+def rms(audio: np.ndarray) -> list[float]:
+    return [float(np.sqrt((channel**2).mean())) for channel in audio]
+
+
+def test_merge_copies_only_inputs_with_the_same_reorder_delay(tmp_path):
+    # write_mp4 starts dts 2 frames before pts from 3 frames up (B-frames), at pts for 1-2 frames
+    clip = {
+        n: media.write_mp4(tmp_path / f"f{n}.mp4", gradient(n, 32, 32), FPS, None, None).path
+        for n in (1, 2, 16)
+    }
+    for counts in ([2, 16], [1, 1, 16], [16, 1], [16, 16]):
+        result = media.merge_mp4([clip[n] for n in counts], tmp_path / "m.mp4")
+        assert result.video_mode == ("copy" if counts == [16, 16] else "reencode")
+        assert result.frames == sum(counts) and result.duration_s == pytest.approx(sum(counts) / FPS)
+        assert media.read_frames(tmp_path / "m.mp4").shape[0] == sum(counts)
+
+
+def test_merge_takes_an_odd_sized_first_shot(tmp_path):
+    odd = pyav_clip(tmp_path / "odd.mp4", gradient(8, 33, 65), pix_fmt="yuv444p")
+    result = media.merge_mp4([odd, odd], tmp_path / "m.mp4")
+    assert (result.info.width, result.info.height, result.frames) == (64, 32, 16)  # even, same aspect
+    assert np.abs(media.read_frames(tmp_path / "m.mp4")[0].astype(int) - gradient(1, 32, 64)[0]).mean() < 20
+
+
+def test_merge_downmixes_surround_audio_by_its_layout(tmp_path):
+    surround = sine(0.5, rate=48000, channels=6)
+    surround[1:] = 0  # the tone in front-left only
+    six = pyav_clip(tmp_path / "six.mp4", gradient(8, 32, 32), audio=surround, layout="5.1")
+    result = media.merge_mp4([six], tmp_path / "m.mp4")
+    assert result.info.audio_channels == 2
+    audio, _ = media.read_audio(tmp_path / "m.mp4")
+    left, right = rms(audio[:, 2000:-2000])
+    assert left > 0.1 and right < 0.01  # front-left goes left
+
+
+def test_merge_keeps_a_mono_shots_level(tmp_path):
+    mono = media.write_mp4(tmp_path / "mono.mp4", gradient(16, 32, 32), FPS, sine(1.0, channels=1), SR)
+    result = media.merge_mp4([mono.path], tmp_path / "m.mp4")
+    assert result.info.audio_channels == 2
+    source, _ = media.read_audio(mono.path)
+    film, _ = media.read_audio(tmp_path / "m.mp4")
+    level = rms(source[:, 2000:-2000])[0]
+    assert rms(film[:, 2000:-2000]) == pytest.approx([level, level], rel=0.05)  # not 3 dB down
+
+
+def test_merge_fits_another_aspect_inside_with_black_bars(tmp_path):
+    land = media.write_mp4(tmp_path / "land.mp4", gradient(4, 32, 64), FPS, None, None).path
+    white = np.full((4, 64, 32, 3), 255, np.uint8)
+    port = media.write_mp4(tmp_path / "port.mp4", white, FPS, None, None).path
+    result = media.merge_mp4([land, port], tmp_path / "m.mp4")
+    assert (result.video_mode, result.info.width, result.info.height) == ("reencode", 64, 32)
+    shown = media.read_frames(tmp_path / "m.mp4")[6, ..., 0].astype(int)
+    columns = np.nonzero(shown.mean(axis=0) > 128)[0]
+    # 32x64 scaled to 16x32 (aspect kept), centered: black pillars of 24 px each side
+    assert abs(columns.min() - 24) <= 1 and abs(columns.max() - 39) <= 1
+    assert shown[:, 28:36].min() > 200 and shown[:, :20].max() < 40 and shown[:, 44:].max() < 40
+
+
+def onset(audio: np.ndarray, rate: int) -> float:
+    return float(np.nonzero(np.abs(audio[0]) > 0.3)[0][0]) / rate
+
+
+def test_merge_keeps_each_shots_audio_in_sync_with_its_own_video(tmp_path):
+    first = media.write_mp4(tmp_path / "first.mp4", gradient(16, 32, 32), FPS, None, None).path  # 1 s
+    rate = 48000
+
+    def click(at_s: float, seconds: float) -> np.ndarray:
+        audio = np.zeros((2, round(seconds * rate)), np.float32)
+        audio[:, round(at_s * rate) : round(at_s * rate) + 240] = 0.8
+        return audio
+
+    frames = gradient(16, 32, 32)
+    # audio starting 0.25 s after the video, click 0.1 s into it: 0.35 s into the shot
+    late_audio = pyav_clip(tmp_path / "la.mp4", frames, audio=click(0.1, 0.75), audio_start=rate // 4)
+    # video starting 0.25 s after the audio, click 0.35 s into the audio: 0.1 s into the shot
+    late_video = pyav_clip(tmp_path / "lv.mp4", frames, audio=click(0.35, 1.25), video_start=FPS // 4)
+    for shot, at in ((late_audio, 1.35), (late_video, 1.1)):
+        media.merge_mp4([first, shot], tmp_path / "m.mp4")
+        audio, got_rate = media.read_audio(tmp_path / "m.mp4")
+        # MP4 keeps the audio's edit in milliseconds, and AAC smears the click by a few ms
+        assert onset(audio, got_rate) == pytest.approx(at, abs=0.03)
+
+
+def test_merge_refuses_an_input_without_decodable_video_naming_it(clips, tmp_path):
+    raw = pyav_clip(tmp_path / "raw.h264", gradient(8, 32, 32), fmt="h264")  # packets without pts
+    noise = np.random.default_rng(0).integers(0, 255, (48, 32, 32, 3)).astype(np.uint8)
+    whole = media.write_mp4(tmp_path / "whole.mp4", noise, FPS, None, None).path
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])  # index first: frames stop early
+    still = tmp_path / "still.png"
+    Image.fromarray(gradient(1)[0]).save(still)
+    for bad in (raw, cut, still):
+        with pytest.raises(ValueError, match=rf"merge input 1 \({bad.name}\)"):
+            media.merge_mp4([clips["tone"], bad, clips["tone"]], tmp_path / "m.mp4")
+        assert not (tmp_path / "m.mp4").exists()
+
+
+def test_merge_shows_rotated_shots_upright_and_copies_no_rotation(tmp_path):
+    frames = np.zeros((4, 32, 48, 3), np.uint8)
+    frames[:, :8, :8] = 255  # a white block top-left, as stored
+    rotated = pyav_clip(tmp_path / "rot.mp4", frames, rotation=-90)  # shown turned 90 degrees clockwise
+    plain = pyav_clip(tmp_path / "plain.mp4", frames)
+    result = media.merge_mp4([rotated, plain], tmp_path / "m.mp4")
+    assert (result.video_mode, result.info.width, result.info.height) == ("reencode", 32, 48)
+    film = media.read_frames(tmp_path / "m.mp4")
+    with av.open(str(tmp_path / "m.mp4")) as c:
+        assert {frame.rotation for frame in c.decode(video=0)} == {0}
+    upright = film[0, ..., 0]
+    assert upright[:8, 24:].min() > 200 and upright[:8, :20].max() < 40  # the block is now top-right
+    # the plain 48x32 shot: letterboxed into 32x48 (32x22 in the middle), its block top-left
+    letterbox = film[5, ..., 0]
+    assert letterbox[:12].max() < 40 and letterbox[12:17, :4].min() > 200
+    # the other way round: the film is the plain shot's size and shows the rotated one upright
+    result = media.merge_mp4([plain, rotated], tmp_path / "m.mp4")
+    assert (result.info.width, result.info.height) == (48, 32)
+    with av.open(str(tmp_path / "m.mp4")) as c:
+        assert {frame.rotation for frame in c.decode(video=0)} == {0}
+
+
+def test_merge_fails_naming_an_input_whose_counted_frames_do_not_decode(tmp_path):
+    noise = np.random.default_rng(1).integers(0, 255, (16, 32, 32, 3)).astype(np.uint8)
+    good = media.write_mp4(tmp_path / "good.mp4", noise, FPS, None, None).path
+    broken = media.write_mp4(tmp_path / "broken.mp4", noise, FPS, None, None).path
+    with av.open(str(broken)) as c:
+        spans = [(packet.pos, packet.size) for packet in c.demux(video=0) if packet.size]
+    data = bytearray(broken.read_bytes())
+    for pos, size in spans[8:]:  # the index still lists 16 frames; the last 8 are zeros
+        data[pos : pos + size] = bytes(size)
+    broken.write_bytes(bytes(data))
+    other = media.write_mp4(tmp_path / "other.mp4", gradient(4, 32, 48), FPS, None, None).path
+    for inputs in ([good, broken], [other, broken]):  # stream copy, re-encode
+        with pytest.raises(ValueError, match=r"merge input 1 \(broken.mp4\)"):
+            media.merge_mp4(inputs, tmp_path / "m.mp4")
+        assert not (tmp_path / "m.mp4").exists()

@@ -3,8 +3,11 @@
 Accepted (r2v spec "Input boundary", limited by :class:`settings.api.InputPolicy`):
 
 - ``data:`` URLs (base64 or percent-encoded);
-- ``http(s)://`` URLs, fetched with httpx (streamed, size- and time-limited) when ``fetch_urls`` is on;
-  hosts that resolve to private/loopback/link-local/reserved addresses are refused unless
+- ``http(s)://`` URLs, fetched with httpx (streamed, size-limited) when ``fetch_urls`` is on; the
+  whole fetch (host lookups, connects, TLS, headers and body of every hop) ends by one deadline,
+  ``fetch_timeout_seconds``, however slowly the peer answers. Hosts that resolve to any address that is
+  not globally routable (private, loopback, link-local, carrier-grade NAT 100.64.0.0/10, reserved;
+  IPv4-mapped, 6to4 and NAT64 addresses judged by the IPv4 address inside) are refused unless
   ``allow_private_addresses``. The connection goes to the checked address (Host header and TLS SNI keep
   the name), so a second DNS answer cannot swap in another host; redirects are followed by hand and
   each hop is checked again;
@@ -13,8 +16,12 @@ Accepted (r2v spec "Input boundary", limited by :class:`settings.api.InputPolicy
 
 Every accepted resource is copied to ``assets_dir/<sha[:2]>/<sha>.<ext>`` (content-addressed) before
 the job is queued, so a job never depends on a URL or a caller's file staying the same. Images are
-fully decoded with PIL (pixel limit checked before decoding); audio and video are probed and their
-first frame decoded with PyAV. An image or video whose size cannot make a frame (a side under
+opened only as the formats the service takes (PNG, JPEG, WEBP, GIF, BMP, TIFF: never EPS or another
+format that hands the bytes to a helper program) and fully decoded with PIL (pixel limit checked before
+decoding); audio and video are probed with PyAV: their packets' timestamps measured (no decoding), a
+file longer than ``max_video_seconds`` / ``max_audio_seconds`` refused, and a video whose frames come
+less than 1 a second on average (a few frames hours apart, which a merge would fill in) refused, then
+the first frame decoded. An image or video whose size cannot make a frame (a side under
 ``min_side`` pixels, sides further apart than ``max_aspect_ratio``) is refused here, on every route,
 before anything is queued. Every refusal is an :class:`InputError` naming the request field.
 
@@ -28,14 +35,16 @@ import binascii
 import ipaddress
 import os
 import socket
+import threading
 import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from settings.api import InputPolicy
 from shotloom.media import file_sha256
@@ -53,8 +62,11 @@ MEDIA_SIZE = "invalid_media_size"
 _MAX_REDIRECTS = 5
 _CHUNK = 1 << 16
 
-# PIL format -> file extension.
-_IMAGE_EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tiff"}
+# PIL format -> file extension: the only formats an image input is opened as (Image.open(formats=)).
+_IMAGE_EXT = {"PNG": "png", "JPEG": "jpg", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tiff"}
+_IMAGE_FORMATS = ", ".join(list(_IMAGE_EXT)[:-1]) + " or " + list(_IMAGE_EXT)[-1]
+# A video's frames must come at least this often on average (frames per second over its length).
+_MIN_VIDEO_FPS = 1
 # FFmpeg demuxer name (first of the comma list) -> extension and media type, per role.
 _AUDIO_FORMATS = {
     "wav": ("wav", "audio/wav"),
@@ -244,12 +256,21 @@ def _copy_local(path: Path, out: IO[bytes], policy: InputPolicy, field: str) -> 
         raise InputError(field, f"cannot read local file ({e.strerror})") from None
 
 
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052: the IPv4 address in the low 32 bits
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")  # deprecated ::a.b.c.d (and :: and ::1)
+
+
 def _is_public(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Globally routable (``is_global``) and none of the special ranges; an IPv6 address that carries
+    an IPv4 one (mapped, 6to4, NAT64, IPv4-compatible) is judged by that IPv4 address."""
     if isinstance(addr, ipaddress.IPv6Address):
-        mapped = addr.ipv4_mapped or addr.sixtofour
-        if mapped is not None:
-            addr = mapped
-    return not (
+        if addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        elif addr.sixtofour is not None:
+            addr = addr.sixtofour
+        elif addr in _NAT64 or addr in _IPV4_COMPATIBLE:
+            addr = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    return addr.is_global and not (
         addr.is_private
         or addr.is_loopback
         or addr.is_link_local
@@ -260,10 +281,40 @@ def _is_public(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     )
 
 
-def _pick_address(host: str, port: int, policy: InputPolicy, field: str) -> str:
-    """Resolve ``host``; refuse when any answer is non-public (unless allowed). Returns one address."""
+def _deadline_error(policy: InputPolicy, field: str) -> InputError:
+    return InputError(
+        field,
+        f"fetch took longer than {policy.fetch_timeout_seconds:g} s "
+        "(api.inputs.fetch_timeout_seconds bounds the whole fetch: lookup, connect, headers and body)",
+    )
+
+
+def _getaddrinfo(host: str, port: int, deadline: float, policy: InputPolicy, field: str) -> list[Any]:
+    """``socket.getaddrinfo`` that gives up at ``deadline`` (the lookup cannot be interrupted: it runs
+    in a daemon thread, which ends with the resolver's own timeouts)."""
+    result: dict[str, Any] = {}
+
+    def lookup() -> None:
+        try:
+            result["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except BaseException as e:  # handed to the caller
+            result["error"] = e
+
+    thread = threading.Thread(target=lookup, name="input-dns", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if thread.is_alive():
+        raise _deadline_error(policy, field)
+    if "error" in result:
+        raise result["error"]
+    return result["infos"]
+
+
+def _pick_address(host: str, port: int, policy: InputPolicy, field: str, deadline: float) -> str:
+    """Resolve ``host`` by ``deadline``; refuse when any answer is non-public (unless allowed).
+    Returns one address."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = _getaddrinfo(host, port, deadline, policy, field)
     except (socket.gaierror, UnicodeError) as e:
         raise InputError(field, f"cannot resolve host {host!r} ({e})") from None
     addresses = []
@@ -274,8 +325,70 @@ def _pick_address(host: str, port: int, policy: InputPolicy, field: str) -> str:
     if not addresses:
         raise InputError(field, f"cannot resolve host {host!r}")
     if not policy.allow_private_addresses and not all(_is_public(ip) for ip in addresses):
-        raise InputError(field, f"host {host!r} resolves to a private or local address, which is not allowed")
+        raise InputError(
+            field,
+            f"host {host!r} resolves to a private or local address (not globally routable), "
+            "which is not allowed",
+        )
     return str(addresses[0])
+
+
+def _deadline_transport(deadline: float) -> Any:
+    """An httpx transport whose every network operation (connect, TLS handshake, each read and write)
+    waits at most until ``deadline``: a peer that trickles bytes cannot stretch the fetch, since no
+    single read may outlast the time left."""
+    import httpcore
+    import httpx
+
+    def left(timeout: float | None, expired: type[Exception]) -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise expired("the fetch's deadline passed")
+        return remaining if timeout is None else min(timeout, remaining)
+
+    class Stream(httpcore.NetworkStream):
+        def __init__(self, inner: httpcore.NetworkStream):
+            self.inner = inner
+
+        def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            return self.inner.read(max_bytes, left(timeout, httpcore.ReadTimeout))
+
+        def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            self.inner.write(buffer, left(timeout, httpcore.WriteTimeout))
+
+        def close(self) -> None:
+            self.inner.close()
+
+        def start_tls(
+            self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+        ) -> httpcore.NetworkStream:
+            return Stream(
+                self.inner.start_tls(ssl_context, server_hostname, left(timeout, httpcore.ConnectTimeout))
+            )
+
+        def get_extra_info(self, info: str) -> Any:
+            return self.inner.get_extra_info(info)
+
+    class Backend(httpcore.SyncBackend):
+        def connect_tcp(
+            self,
+            host: str,
+            port: int,
+            timeout: float | None = None,
+            local_address: str | None = None,
+            socket_options: Any = None,
+        ) -> httpcore.NetworkStream:
+            timeout = left(timeout, httpcore.ConnectTimeout)
+            return Stream(super().connect_tcp(host, port, timeout, local_address, socket_options))
+
+    transport = httpx.HTTPTransport(trust_env=False)
+    # httpx has no public hook for the network backend: its transport's pool is swapped for one that
+    # uses ours (same TLS context as httpx's default; tests/test_api_inputs.py's trickling server
+    # fails should httpx stop reading ``_pool``).
+    transport._pool = httpcore.ConnectionPool(
+        ssl_context=httpx.create_ssl_context(trust_env=False), network_backend=Backend()
+    )
+    return transport
 
 
 def _fetch(url: str, out: IO[bytes], policy: InputPolicy, field: str) -> None:
@@ -283,7 +396,10 @@ def _fetch(url: str, out: IO[bytes], policy: InputPolicy, field: str) -> None:
 
     deadline = time.monotonic() + policy.fetch_timeout_seconds
     timeout = httpx.Timeout(policy.fetch_timeout_seconds)
-    with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
+    transport = _deadline_transport(deadline)
+    with httpx.Client(
+        timeout=timeout, follow_redirects=False, trust_env=False, transport=transport
+    ) as client:
         for _ in range(_MAX_REDIRECTS + 1):
             parts = urllib.parse.urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -295,7 +411,7 @@ def _fetch(url: str, out: IO[bytes], policy: InputPolicy, field: str) -> None:
                 port = parts.port or (443 if parts.scheme == "https" else 80)
             except ValueError:
                 raise InputError(field, "invalid port in URL") from None
-            address = _pick_address(host, port, policy, field)
+            address = _pick_address(host, port, policy, field, deadline)
             ip_host = f"[{address}]" if ":" in address else address
             target = urllib.parse.urlunsplit(
                 (parts.scheme, f"{ip_host}:{port}", parts.path or "/", parts.query, "")
@@ -308,6 +424,8 @@ def _fetch(url: str, out: IO[bytes], policy: InputPolicy, field: str) -> None:
                 )
                 response = client.send(request, stream=True)
             except httpx.HTTPError as e:
+                if time.monotonic() >= deadline:
+                    raise _deadline_error(policy, field) from None
                 raise InputError(field, f"fetch failed ({type(e).__name__}: {e})") from None
             try:
                 if response.is_redirect:
@@ -326,10 +444,10 @@ def _fetch(url: str, out: IO[bytes], policy: InputPolicy, field: str) -> None:
                     for chunk in response.iter_bytes(_CHUNK):
                         sink.write(chunk)
                         if time.monotonic() > deadline:
-                            raise InputError(
-                                field, f"fetch took longer than {policy.fetch_timeout_seconds:g} s"
-                            )
+                            raise _deadline_error(policy, field)
                 except httpx.HTTPError as e:
+                    if time.monotonic() >= deadline:
+                        raise _deadline_error(policy, field) from None
                     raise InputError(field, f"fetch failed ({type(e).__name__}: {e})") from None
                 return
             finally:
@@ -373,7 +491,7 @@ def _validate_image(path: Path, policy: InputPolicy, field: str) -> tuple[str, s
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as img:
+        with Image.open(path, formats=list(_IMAGE_EXT)) as img:
             width, height = img.size
             if width <= 0 or height <= 0:
                 raise InputError(field, "image has no pixels")
@@ -389,7 +507,11 @@ def _validate_image(path: Path, policy: InputPolicy, field: str) -> tuple[str, s
             media_type = Image.MIME.get(fmt, f"image/{fmt.lower() or 'unknown'}")
     except InputError:
         raise
-    except (UnidentifiedImageError, Image.DecompressionBombError) as e:
+    except UnidentifiedImageError:
+        raise InputError(
+            field, f"not a readable image in a format this service takes ({_IMAGE_FORMATS})"
+        ) from None
+    except Image.DecompressionBombError as e:
         raise InputError(field, f"not a readable image ({e})") from None
     except (OSError, ValueError, SyntaxError) as e:  # PIL reports corrupt data with these
         raise InputError(field, f"not a readable image ({e})") from None
@@ -416,13 +538,16 @@ def _validate_av(
                     )
                 if width and height:
                     _check_size(width, height, policy, field, "video")
+            demuxer = (container.format.name or "").split(",")[0]
+            _check_length(container, role, policy, field)  # demuxes it all: decode from a fresh open
+        with av.open(str(path)) as container:
+            stream = (container.streams.audio if role == "audio" else container.streams.video)[0]
             decoded = next(iter(container.decode(stream)), None)  # one frame proves the codec works
             if decoded is None:
                 raise InputError(field, f"has no decodable {role} frames")
             if role == "video" and not (width and height):  # the container did not say: the frame does
                 width, height = decoded.width, decoded.height
                 _check_size(width, height, policy, field, "video")
-            demuxer = (container.format.name or "").split(",")[0]
     except InputError:
         raise
     except (av.FFmpegError, OSError, ValueError, StopIteration) as e:
@@ -430,6 +555,81 @@ def _validate_av(
     table = _AUDIO_FORMATS if role == "audio" else _VIDEO_FORMATS
     ext, media_type = table.get(demuxer, (demuxer or "bin", f"{role}/{demuxer or 'octet-stream'}"))
     return ext, media_type, width, height
+
+
+class _Span:
+    """One stream's packets: how many, the first timestamp and the last one plus its duration."""
+
+    def __init__(self) -> None:
+        self.packets = 0
+        self.start: int | None = None
+        self.end: int | None = None
+
+    def add(self, ts: int | None, duration: int) -> None:
+        self.packets += 1
+        if ts is not None:
+            self.start = ts if self.start is None else min(self.start, ts)
+            self.end = ts + duration if self.end is None else max(self.end, ts + duration)
+
+    def seconds(self, time_base: Fraction | None) -> Fraction:
+        if self.start is None or self.end is None or not time_base:
+            return Fraction(0)
+        return max(Fraction(0), (self.end - self.start) * Fraction(time_base))
+
+
+def _check_length(container: Any, role: Literal["audio", "video"], policy: InputPolicy, field: str) -> None:
+    """Measure the input (its first ``role`` stream and, for a video, its first audio track) from its
+    packets' timestamps, one demux pass without decoding, and from the container's own durations;
+    refuse a file longer than the ``role``'s limit, or a video whose frames come less than
+    :data:`_MIN_VIDEO_FPS` a second on average (what a merge or a guide would fill in, frame by frame)."""
+    video = container.streams.video[0] if role == "video" else None
+    audio = container.streams.audio[0] if container.streams.audio else None
+    scanned = [s for s in (video, audio) if s is not None]
+    spans = {s.index: _Span() for s in scanned}
+    for packet in container.demux(*scanned):
+        if packet.size:  # size 0: flush packets
+            ts = packet.pts if packet.pts is not None else packet.dts
+            spans[packet.stream.index].add(ts, packet.duration or 0)
+
+    def length(stream: Any) -> Fraction:
+        measured = spans[stream.index].seconds(stream.time_base)
+        declared = (
+            Fraction(stream.duration) * Fraction(stream.time_base)
+            if stream.duration and stream.time_base
+            else 0
+        )
+        return max(measured, Fraction(declared))
+
+    limit, key = (
+        (policy.max_video_seconds, "max_video_seconds")
+        if role == "video"
+        else (policy.max_audio_seconds, "max_audio_seconds")
+    )
+    for stream, what in ((video, "video"), (audio, "audio track" if role == "video" else "audio")):
+        if stream is None:
+            continue
+        seconds = length(stream)
+        if seconds > limit:
+            raise InputError(
+                field,
+                f"{what} lasts {float(seconds):.1f} s, longer than the limit of {limit:g} s "
+                f"(api.inputs.{key})",
+            )
+    if video is None:
+        return
+    span = spans[video.index]
+    seconds = span.seconds(video.time_base)
+    rates = []  # frames per second: measured from the timestamps, and the container's own figure
+    if span.packets > 1 and seconds > 0:
+        rates.append(Fraction(span.packets) / seconds)
+    if span.packets > 1 and video.average_rate:
+        rates.append(Fraction(video.average_rate))
+    if rates and min(rates) < _MIN_VIDEO_FPS:  # a single frame (a still) has no rate to judge
+        raise InputError(
+            field,
+            f"video has {span.packets} frames over {float(seconds):.1f} s ({float(min(rates)):.3g} frames "
+            f"per second): a video's frames must come at least {_MIN_VIDEO_FPS} frame per second on average",
+        )
 
 
 def copy_into_assets(
