@@ -191,6 +191,11 @@ def test_merge_shot_prefers_version_id_and_rules():
         {"work_id": "w", "shots": [{"version_id": "v1", "video_url": "https://x/a.mp4"}]}
     )
     assert req.normalized()["shots"] == [{"version_id": "v1"}]
+    # "When both are present, version_id is used": a video_url beside it is not looked at.
+    both = MergeRequest.model_validate(
+        {"work_id": "w", "shots": [{"version_id": "v1", "video_url": "/a.mp4"}]}
+    )
+    assert both.normalized()["shots"] == [{"version_id": "v1"}]
     assert r2v_refusal(MergeRequest, {"work_id": "w", "shots": [{}]})["detail"][0]["field"] == "shots[0]"
     assert (
         r2v_refusal(MergeRequest, {"work_id": "w", "shots": [{"video_url": "/local/a.mp4"}]})["detail"][0][

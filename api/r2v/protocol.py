@@ -310,8 +310,10 @@ class MergeShot(_Strict):
 
     @field_validator("video_url")
     @classmethod
-    def _video_http(cls, v: str | None) -> str | None:
-        return None if v is None else _http_url(v)
+    def _video_http(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None or info.data.get("version_id") is not None:  # beside a version_id: not used
+            return v
+        return _http_url(v)
 
     @model_validator(mode="after")
     def _one_source(self) -> MergeShot:
