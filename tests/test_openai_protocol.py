@@ -1316,3 +1316,14 @@ def test_sync_answers_that_end_a_request_tell_the_sdk_not_to_retry(tmp_path, mon
     jobs, _ = ctx.store.list_jobs("openai", after=None, limit=10, order="asc")
     assert len(jobs) == 1  # queued once
     ctx.store.close()
+
+
+def test_a_body_nested_past_reason_is_400_not_a_server_error(tmp_path):
+    client, ctx = bare_app(tmp_path)
+    deep = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    resp = client.post("/v1/videos", content=deep, headers={"content-type": "application/json"})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_json"
+    key = "extra_params" + "[a]" * 40
+    resp = client.post("/v1/videos", data={"prompt": "p", key: "x"})
+    assert resp.status_code == 400 and "nests deeper than 16" in resp.json()["error"]["message"]
+    ctx.store.close()

@@ -23,6 +23,7 @@ from typing import Any
 
 _KEY = re.compile(r"^([^\[\]]+)((?:\[[^\[\]]*\])*)$")
 _SEGMENT = re.compile(r"\[([^\[\]]*)\]")
+MAX_DEPTH = 16  # bracketed levels of one key: far deeper than any request field
 
 
 class FormError(ValueError):
@@ -42,6 +43,8 @@ def unflatten(items: Iterable[tuple[str, Any]], max_index: int = 1000) -> dict[s
         if match is None:
             raise FormError(key, "malformed form field name")
         name, rest = match.group(1), _SEGMENT.findall(match.group(2))
+        if len(rest) > MAX_DEPTH:  # no request field nests this deep; recursion would
+            raise FormError(name, f"{key[:80]} nests deeper than {MAX_DEPTH} levels")
         occurrence = seen[key]
         seen[key] += 1
         if occurrence == 0 and "" in rest[:-1]:  # a list of objects (or lists) without indexes

@@ -113,6 +113,8 @@ async def read_request(
             data = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise OpenAIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+        except RecursionError:
+            raise OpenAIError(400, "the body's JSON nests too deeply", code="invalid_json") from None
         if not isinstance(data, dict):
             raise OpenAIError(400, "the body must be a JSON object", code="invalid_json")
         return data, {}
