@@ -1327,3 +1327,18 @@ def test_a_body_nested_past_reason_is_400_not_a_server_error(tmp_path):
     resp = client.post("/v1/videos", data={"prompt": "p", key: "x"})
     assert resp.status_code == 400 and "nests deeper than 16" in resp.json()["error"]["message"]
     ctx.store.close()
+
+
+def test_an_upload_named_past_what_a_filesystem_takes_is_spooled_under_a_cut_name(tmp_path, monkeypatch):
+    from PIL import Image
+
+    client, ctx = _ready_app(tmp_path, monkeypatch)
+    image = tmp_path / "f.png"
+    Image.new("RGB", (64, 64), (200, 10, 10)).save(image)
+    name = "a" * 300 + ".png"  # one name part past NAME_MAX (255 bytes): an OSError, a 500 before
+    with image.open("rb") as f:
+        part = {"input_reference": (name, f, "image/png")}
+        resp = client.post("/v1/videos", data={"prompt": "p"}, files=part)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["status"] == "queued"
+    ctx.store.close()

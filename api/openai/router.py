@@ -98,6 +98,15 @@ _IMAGE_EDIT_BODY = request_body(None, "ImageEditForm")
 _CREATE_BODY = request_body("VideoCreateRequest", "VideoCreateForm")
 
 
+def _spooled_name(index: int, filename: str | None) -> str:
+    """The file name an upload is spooled under: the client's (its last part only), cut to what any
+    filesystem takes, its suffix kept (what a reader may go by)."""
+    name = Path(filename or "upload").name or "upload"
+    suffix = Path(name).suffix if len(Path(name).suffix) <= 16 else ""
+    stem = name[: len(name) - len(suffix)] if suffix else name
+    return f"{index}-{stem.encode()[:100].decode(errors='ignore')}{suffix}"
+
+
 async def read_request(
     request: Request, spool: Path, max_part_bytes: int
 ) -> tuple[dict[str, Any], dict[str, Path]]:
@@ -133,7 +142,7 @@ async def read_request(
                     key = f"{key[:-2]}[{sum(1 for k in uploads if k.startswith(key[:-2] + '['))}]"
                 if key in uploads:
                     raise OpenAIError(400, f"{key}: one file per field", param=key, code="invalid_value")
-                path = spool / f"{len(uploads)}-{Path(value.filename or 'upload').name}"
+                path = spool / _spooled_name(len(uploads), value.filename)
                 with path.open("wb") as out:
                     await run_in_threadpool(shutil.copyfileobj, value.file, out, 1 << 20)
                 uploads[key] = path
