@@ -487,6 +487,15 @@ def _check_size(width: int, height: int, policy: InputPolicy, field: str, what: 
         )
 
 
+def _why(error: BaseException, path: Path) -> str:
+    """A decoder's error as a client reads it: without the server's path of the spooled file (PIL
+    and FFmpeg name it), which says nothing to the client and too much about the server."""
+    text = str(error)
+    for shown in (str(path), repr(str(path)), path.name):
+        text = text.replace(shown, "the input")
+    return text
+
+
 def _validate_image(path: Path, policy: InputPolicy, field: str) -> tuple[str, str, int, int]:
     from PIL import Image, UnidentifiedImageError
 
@@ -512,9 +521,9 @@ def _validate_image(path: Path, policy: InputPolicy, field: str) -> tuple[str, s
             field, f"not a readable image in a format this service takes ({_IMAGE_FORMATS})"
         ) from None
     except Image.DecompressionBombError as e:
-        raise InputError(field, f"not a readable image ({e})") from None
+        raise InputError(field, f"not a readable image ({_why(e, path)})") from None
     except (OSError, ValueError, SyntaxError) as e:  # PIL reports corrupt data with these
-        raise InputError(field, f"not a readable image ({e})") from None
+        raise InputError(field, f"not a readable image ({_why(e, path)})") from None
     return _IMAGE_EXT.get(fmt, fmt.lower() or "img"), media_type, width, height
 
 
@@ -551,7 +560,7 @@ def _validate_av(
     except InputError:
         raise
     except (av.FFmpegError, OSError, ValueError, StopIteration) as e:
-        raise InputError(field, f"not a readable {role} file ({e})") from None
+        raise InputError(field, f"not a readable {role} file ({_why(e, path)})") from None
     table = _AUDIO_FORMATS if role == "audio" else _VIDEO_FORMATS
     ext, media_type = table.get(demuxer, (demuxer or "bin", f"{role}/{demuxer or 'octet-stream'}"))
     return ext, media_type, width, height
