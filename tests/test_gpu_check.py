@@ -37,7 +37,8 @@ def test_without_cuda_it_says_so_and_exits_0():
     assert "no CUDA device here" in out
 
 
-@pytest.mark.slow
+# Not marked slow: a whole service that measures no time against a bound (only that each step ran),
+# so it runs beside the other files of the parallel pass, out of the serial one's 20 minutes.
 def test_the_cpu_rehearsal_runs_every_step_through_the_service(tmp_path):
     figures, out = gpu_check("--cpu", "--skip-tests", "--work", str(tmp_path), timeout=600)
     # Both ways generated the clip and measured it: inference.py in its own process, then the
