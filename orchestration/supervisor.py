@@ -152,6 +152,9 @@ class Stack:
         return {
             **os.environ,
             "PYTHONPATH": path,  # every process must import orchestration.launcher
+            # ...from there: `python -m` would put the working directory (the user's, for an installed
+            # package) first on the path, where a settings.py or an api/ of theirs would shadow ours.
+            "PYTHONSAFEPATH": "1",
             "DAGSTER_HOME": str(cfg.dagster_home),
             "SHOTLOOM_STATE_DIR": str(cfg.state_dir),
             "SHOTLOOM_INFERENCE_CONFIG": str(cfg.inference_config()),
@@ -185,7 +188,9 @@ class Stack:
                     *cmd, "--threads", "1", "--nice", str(cfg.workers.media_nice), *common
                 ]  # fmt: skip
         if self.role in ("all", "control"):
-            workspace = ["-w", str(cfg.workspace)] if cfg.workspace else ["-m", "orchestration.definitions"]
+            # The module where the packages are (not the working directory, which is the user's).
+            module = ["-m", "orchestration.definitions", "-d", str(REPO)]
+            workspace = ["-w", str(cfg.workspace)] if cfg.workspace else module
             self.commands["daemon"] = [py, "-m", "orchestration.daemon", "run", *workspace]
             web = cfg.webserver
             self.commands["webserver"] = [

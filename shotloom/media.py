@@ -775,12 +775,16 @@ def extract_audio_wav(path: str | Path, out_wav: str | Path) -> Path:
 # -- merging ------------------------------------------------------------------------------------
 
 
+REENCODE = "reencode"  # the signature's mark of an input whose packets cannot be copied
+
+
 @dataclass(frozen=True)
 class _Shot:
     """One merge input, checked: its probe and what placing it in the film needs."""
 
     index: int  # 0-based among the merge's inputs
     info: MediaInfo
+    frames: int  # the frames it shows (an edit list's discarded packets not counted)
     first_pts: int  # its first video frame's pts (video time base)
     start: Fraction  # ... in seconds: its audio is placed relative to it
     rotation: int  # display rotation, degrees counter-clockwise (a multiple of 90)
@@ -832,8 +836,12 @@ def _inspect(index: int, path: Path) -> _Shot:
             extradata = bytes(cc.extradata or b"")
             pts: list[int] = []
             dts: list[int | None] = []
+            discarded = False
             for packet in c.demux(v):
                 if packet.size and packet.pts is not None:
+                    if packet.is_discard:  # before an edit list's start: the decoder drops it
+                        discarded = True
+                        continue
                     pts.append(packet.pts)
                     dts.append(packet.dts)
         with _open_input(path) as c:
@@ -844,6 +852,8 @@ def _inspect(index: int, path: Path) -> _Shot:
             rotation = round((first.rotation or 0) / 90) * 90 % 360
     except av.FFmpegError as e:
         raise fail(f"cannot read its video: {e}") from e
+    if not pts:
+        raise _input_error(index, path, "shows no video frames (every packet is cut by its edit list)")
     start = min(pts)
     step = 1 / (info.fps * tb)
     regular = (
@@ -853,7 +863,7 @@ def _inspect(index: int, path: Path) -> _Shot:
         and dts == [dts[0] + k * step for k in range(len(dts))]  # type: ignore[operator]
     )
     even = info.width % 2 == 0 and info.height % 2 == 0
-    if regular and even:
+    if regular and even and not discarded:
         delay = dts[0] - start  # type: ignore[operator]
         signature: tuple[object, ...] = (
             info.video_codec,
@@ -867,26 +877,28 @@ def _inspect(index: int, path: Path) -> _Shot:
             rotation,
         )
     else:
-        signature = ("reencode", index)
-    return _Shot(index, info, start, start * tb, rotation, signature)
+        signature = (REENCODE, index)
+    return _Shot(index, info, len(pts), start, start * tb, rotation, signature)
 
 
-def _segment_frames(infos: list[MediaInfo], fps_out: Fraction, copy: bool) -> list[int]:
-    """Output frames per input. Re-encoding to another rate keeps each input's duration (cumulative
-    rounding, so the film does not drift)."""
+def _segment_frames(shots: list[_Shot], fps_out: Fraction, copy: bool) -> list[int]:
+    """Output frames per input (the frames each shows). Re-encoding to another rate keeps each
+    input's duration (cumulative rounding, so the film does not drift)."""
     if copy:
-        return [i.frames for i in infos]
+        return [s.frames for s in shots]
     bounds, t = [0], Fraction(0)
-    for info in infos:
-        t += Fraction(info.frames) / info.fps
+    for shot in shots:
+        t += Fraction(shot.frames) / shot.info.fps
         bounds.append(math.floor(t * fps_out + Fraction(1, 2)))
     return [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
-def _audio_from(path: Path, origin: Fraction) -> tuple[np.ndarray, int, str]:
+def _audio_from(path: Path, origin: Fraction, length: Fraction) -> tuple[np.ndarray, int, str]:
     """The first audio stream as ((channels, samples) float32, rate, layout), sample 0 at ``origin``
-    seconds (the first video frame): a later start is preceded by silence, an earlier one trimmed.
-    As :func:`read_audio`, samples before t=0 (AAC priming) and after the packets' end are dropped."""
+    seconds (the first video frame), at most ``length`` seconds of it (the segment's: a track that
+    starts hours after the video must not size the buffer): a later start is preceded by silence,
+    an earlier one trimmed. As :func:`read_audio`, samples before t=0 (AAC priming) and after the
+    packets' end are dropped."""
     with _open_input(path) as c:
         stream = c.streams.audio[0]
         rate, channels, time_base = (
@@ -898,6 +910,7 @@ def _audio_from(path: Path, origin: Fraction) -> tuple[np.ndarray, int, str]:
         aspan = _scan(c)[1]
     end = round(_seconds(aspan, time_base, origin=0) * rate) if aspan else 0
     zero = round(origin * rate)  # absolute sample shown with the first video frame
+    end = min(end, zero + math.ceil(length * rate) + 1)
     out = np.zeros((channels, max(0, end - zero)), np.float32)
     with _open_input(path) as c:
         position = 0
@@ -909,6 +922,8 @@ def _audio_from(path: Path, origin: Fraction) -> tuple[np.ndarray, int, str]:
             if hi > lo:
                 out[:, position + lo - zero : position + hi - zero] = data[:, lo:hi]
             position += data.shape[1]
+            if position >= end:  # the segment is full
+                break
     return out, rate, layout
 
 
@@ -916,7 +931,7 @@ def _segment_audio(shot: _Shot, rate: int, channels: int, n: int) -> np.ndarray:
     if not shot.info.has_audio:
         return np.zeros((channels, n), np.float32)
     try:
-        audio, src_rate, layout = _audio_from(shot.info.path, shot.start)
+        audio, src_rate, layout = _audio_from(shot.info.path, shot.start, Fraction(n, rate))
         return _fit(_resample(audio, src_rate, rate, channels, layout), n)
     except (av.FFmpegError, ValueError) as e:
         raise shot.error(f"cannot use its audio: {e}") from e
@@ -978,8 +993,8 @@ def _copy_video(out: Any, stream: Any, shot: _Shot, offset_s: Fraction) -> None:
             decoded += len(v.codec_context.decode(None))
     except av.FFmpegError as e:
         raise shot.error(f"cannot decode its video: {e}") from e
-    if decoded < shot.info.frames:
-        raise shot.error(f"only {decoded} of its {shot.info.frames} video frames decode")
+    if decoded < shot.frames:
+        raise shot.error(f"only {decoded} of its {shot.frames} video frames decode")
 
 
 def _reencode_video(out: Any, stream: Any, shot: _Shot, n_out: int, fps_out: Fraction, first: int) -> int:
@@ -1001,8 +1016,8 @@ def _reencode_video(out: Any, stream: Any, shot: _Shot, n_out: int, fps_out: Fra
                 k += 1
     except av.FFmpegError as e:
         raise shot.error(f"cannot decode its video: {e}") from e
-    if last is None or k < shot.info.frames:
-        raise shot.error(f"only {k} of its {shot.info.frames} video frames decode")
+    if last is None or k < shot.frames:
+        raise shot.error(f"only {k} of its {shot.frames} video frames decode")
     while j < n_out:  # rounding to the film's rate: hold the last frame
         _encode_at(out, stream, last, first + j)
         j += 1
@@ -1042,7 +1057,8 @@ def merge_mp4(
     output = Path(output)
     shots = [_inspect(i, Path(p)) for i, p in enumerate(inputs)]
     infos = [s.info for s in shots]
-    copy = len({s.signature for s in shots}) == 1
+    signatures = {s.signature for s in shots}
+    copy = len(signatures) == 1 and next(iter(signatures))[0] != REENCODE  # even alone
     fps_out = infos[0].fps
     width, height = shots[0].display_size
     width, height = width - width % 2, height - height % 2
@@ -1050,7 +1066,7 @@ def merge_mp4(
         raise shots[0].error(f"is too small for a film: {infos[0].width}x{infos[0].height}")
     rate = next((i.audio_sample_rate for i in infos if i.audio_sample_rate), silent_sample_rate)
     rate = _aac_rate(rate, silent_sample_rate)
-    seg_frames = _segment_frames(infos, fps_out, copy)
+    seg_frames = _segment_frames(shots, fps_out, copy)
     with _atomic_output(output) as tmp, _open_mp4_output(tmp) as out:
         if copy:
             with _open_input(shots[0].info.path) as c:

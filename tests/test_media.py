@@ -417,6 +417,49 @@ def test_merge_keeps_each_shots_audio_in_sync_with_its_own_video(tmp_path):
         assert onset(audio, got_rate) == pytest.approx(at, abs=0.03)
 
 
+def test_a_track_starting_hours_after_its_video_costs_no_more_memory_than_its_segment(tmp_path):
+    """The buffer a shot's audio is placed in is the segment's length, whatever its timestamps
+    say: an hour's offset (1.4 GB of float32 at 48 kHz stereo) stays a second's buffer."""
+    import tracemalloc
+
+    rate = 48000
+    audio = np.full((2, rate // 2), 0.5, np.float32)
+    late = pyav_clip(tmp_path / "late.mp4", gradient(16, 32, 32), audio=audio, audio_start=rate * 3600)
+    first = media.write_mp4(tmp_path / "first.mp4", gradient(16, 32, 32), FPS, None, None).path
+    tracemalloc.start()
+    try:
+        media.merge_mp4([first, late], tmp_path / "m.mp4")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, peak
+    film, film_rate = media.read_audio(tmp_path / "m.mp4")
+    assert film.shape[1] == 2 * film_rate  # two 1 s shots
+    assert np.abs(film[:, film_rate:]).max() < 0.05  # the late track's sound lies past the shot: silence
+
+
+def test_merge_shows_what_an_edit_list_keeps_of_a_trimmed_clip(tmp_path):
+    """A clip cut as `ffmpeg -ss ... -c copy` cuts one: packets before the edit list's start are
+    demuxed but discarded by the decoder. The film shows the 10 kept frames (not 12, nor a refusal
+    that "only 10 of 12 decode"), the first of them first."""
+    trimmed = tmp_path / "trimmed.mp4"
+    with av.open(str(trimmed), "w") as out:
+        stream = out.add_stream("libx264", rate=FPS)
+        stream.width = stream.height = 32
+        stream.pix_fmt, stream.time_base = "yuv420p", Fraction(1, FPS)
+        for i in range(12):  # pts -2..9: the muxer writes an edit list starting at 0
+            frame = av.VideoFrame.from_ndarray(np.full((32, 32, 3), i * 20, np.uint8), format="rgb24")
+            frame.pts, frame.time_base = i - 2, Fraction(1, FPS)
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    result = media.merge_mp4([trimmed], tmp_path / "m.mp4")
+    assert result.frames == 10 and media.probe(tmp_path / "m.mp4").frames == 10
+    first = media.read_frames(tmp_path / "m.mp4")[0]
+    assert abs(float(first.mean()) - 40) < 6  # frame 2 (pts 0), not frame 0
+
+
 def test_merge_refuses_an_input_without_decodable_video_naming_it(clips, tmp_path):
     raw = pyav_clip(tmp_path / "raw.h264", gradient(8, 32, 32), fmt="h264")  # packets without pts
     noise = np.random.default_rng(0).integers(0, 255, (48, 32, 32, 3)).astype(np.uint8)

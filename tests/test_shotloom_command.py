@@ -134,9 +134,13 @@ def test_the_installed_package_serves_from_an_empty_directory_on_its_shipped_con
     assert (site / "configs" / "models" / "wan2.1-t2v-1.3b.yaml").is_file()
     work = tmp_path / "work"
     work.mkdir()
+    # A user's directory holds files of theirs named as our packages are: never imported instead.
+    (work / "settings.py").write_text("raise SystemExit('the working directory was imported from')\n")
+    (work / "api").mkdir()
+    (work / "api" / "__init__.py").write_text("raise SystemExit('the working directory was imported from')\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SHOTLOOM_", "ECHO_", "DAGSTER_"))}
     env["PYTHONPATH"] = str(site)  # ahead of this checkout's editable install
-    cli = [sys.executable, "-m", "orchestration.cli"]
+    cli = [sys.executable, "-P", "-m", "orchestration.cli"]  # as the `shotloom` script: no cwd on the path
 
     done = subprocess.run(
         [*cli, "check", "--config", "configs/server.cpu.yaml"],
