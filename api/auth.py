@@ -16,6 +16,7 @@ import yaml
 from settings.api import AuthConfig
 
 ANONYMOUS = "api"  # the submitter of requests on a server without keys
+KEY_REQUIRED = "a valid API key is required: Authorization: Bearer <key>"  # every 401 says it
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.auth import ANONYMOUS, KeyRing
+from api.auth import ANONYMOUS, KEY_REQUIRED, KeyRing
 
 _bearer = HTTPBearer(auto_error=False, description="An API key, when the server has keys set.")
 
@@ -24,7 +24,7 @@ def submitter_dependency(keys: KeyRing, unauthorized: Callable[[str], Exception]
         header = f"{credentials.scheme} {credentials.credentials}" if credentials else None
         name = keys.name_of(header)
         if name is None:
-            raise unauthorized("a valid API key is required: Authorization: Bearer <key>")
+            raise unauthorized(KEY_REQUIRED)
         return name
 
     return submitter

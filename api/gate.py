@@ -13,7 +13,7 @@ import json
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.auth import KeyRing
+from api.auth import KEY_REQUIRED, KeyRing
 from api.errors import ApiError
 from api.openai.errors import is_openai_path
 from settings.api import ApiConfig
@@ -45,7 +45,7 @@ class RequestGate:
         if self.keys.enabled and scope["path"] not in OWN_CREDENTIALS:
             given = headers.get(b"authorization")
             if self.keys.name_of(given.decode("latin-1") if given is not None else None) is None:
-                await _answer(send, ApiError(401, "a valid API key is required: Authorization: Bearer <key>"))
+                await _answer(send, ApiError(401, KEY_REQUIRED))
                 return
         limit = self.api.max_body_bytes
         raw = headers.get(b"content-length", b"")

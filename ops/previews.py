@@ -12,6 +12,7 @@ from dagster import MetadataValue
 
 from contracts.environment import API_URL_ENV
 from resources.media_store import THUMBNAIL_NAME, MediaStoreResource
+from shotloom.media_store import url_path
 
 # Longest side of an inline thumbnail, in pixels: ~5-15 KB of JPEG in each materialization event.
 PREVIEW_MAX_SIDE = 256
@@ -22,7 +23,7 @@ SHOT_STRIP_MAX_SIDE = 128
 def _link(label: str, relative: str) -> str:
     """A link to the file on the API's /media (plain text without the API's URL: `dagster dev`)."""
     base = os.environ.get(API_URL_ENV)
-    return f"[{label}]({base.rstrip('/')}/media/{relative})" if base else f"{label}: `{relative}`"
+    return f"[{label}]({base.rstrip('/')}/media/{url_path(relative)})" if base else f"{label}: `{relative}`"
 
 
 def _image(media: MediaStoreResource, relative: str, alt: str, max_side: int) -> str:

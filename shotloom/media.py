@@ -442,20 +442,29 @@ def write_mp4(
 
 
 @dataclass
-class _Span:
-    """First pts and last pts + duration of one stream's packets, in its time base."""
+class Span:
+    """First timestamp and last timestamp + duration of one stream's packets, in its time base, and
+    how many were added (a packet without a timestamp counts, and spans nothing)."""
 
     start: int | None = None
     end: int | None = None
     packets: int = 0
 
-    def add(self, pts: int, duration: int) -> None:
+    def add(self, ts: int | None, duration: int) -> None:
         self.packets += 1
-        self.start = pts if self.start is None else min(self.start, pts)
-        self.end = pts + duration if self.end is None else max(self.end, pts + duration)
+        if ts is not None:
+            self.start = ts if self.start is None else min(self.start, ts)
+            self.end = ts + duration if self.end is None else max(self.end, ts + duration)
+
+    def seconds(self, time_base: Fraction | None, origin: int | None = None) -> Fraction:
+        """From the first timestamp (or ``origin``) to the end, in seconds (0: nothing spanned)."""
+        if self.end is None or self.start is None or not time_base:
+            return Fraction(0)
+        first = self.start if origin is None else origin
+        return max(Fraction(0), (self.end - first) * Fraction(time_base))
 
 
-def _scan(container: Any) -> tuple[_Span, _Span | None]:
+def _scan(container: Any) -> tuple[Span, Span | None]:
     """One demux pass (no decoding) over the first video and audio streams.
 
     Packet timestamps are exact where the MP4 header is not: stream durations come from the edit
@@ -465,18 +474,11 @@ def _scan(container: Any) -> tuple[_Span, _Span | None]:
     """
     video = container.streams.video[0]
     audio = container.streams.audio[0] if container.streams.audio else None
-    spans = {video.index: _Span()} | ({audio.index: _Span()} if audio is not None else {})
+    spans = {video.index: Span()} | ({audio.index: Span()} if audio is not None else {})
     for packet in container.demux(*[video] + ([audio] if audio is not None else [])):
         if packet.size and packet.pts is not None:  # size 0: flush packets
             spans[packet.stream.index].add(packet.pts, packet.duration or 0)
     return spans[video.index], (spans[audio.index] if audio is not None else None)
-
-
-def _seconds(span: _Span, time_base: Fraction, origin: int | None = None) -> Fraction:
-    if span.end is None or span.start is None:
-        return Fraction(0)
-    first = span.start if origin is None else origin
-    return max(Fraction(0), (span.end - first) * time_base)
 
 
 def file_sha256(path: Path) -> str:
@@ -501,7 +503,7 @@ def probe(path: str | Path) -> MediaInfo:
         except av.FFmpegError as e:
             raise ValueError(f"cannot read media file {path}: {e}") from e
         fps = Fraction(v.average_rate or v.guessed_rate or 0)
-        duration = _seconds(vspan, v.time_base)
+        duration = vspan.seconds(v.time_base)
         if not duration and fps:  # containers without packet durations
             duration = vspan.packets / fps
         return MediaInfo(
@@ -517,7 +519,7 @@ def probe(path: str | Path) -> MediaInfo:
             audio_codec=a.codec_context.name if a is not None else None,
             audio_sample_rate=a.codec_context.sample_rate if a is not None else None,
             audio_channels=a.codec_context.channels if a is not None else None,
-            audio_duration_s=float(_seconds(aspan, a.time_base, origin=0)) if a and aspan else None,
+            audio_duration_s=float(aspan.seconds(a.time_base, origin=0)) if a and aspan else None,
             bytes=path.stat().st_size,
             sha256=file_sha256(path),
         )
@@ -743,7 +745,7 @@ def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
             stream.time_base,
         )
         aspan = _scan(c)[1]
-    end = round(_seconds(aspan, time_base, origin=0) * rate) if aspan else 0
+    end = round(aspan.seconds(time_base, origin=0) * rate) if aspan else 0
     parts: list[np.ndarray] = []
     with _open_input(path) as c:  # a fresh demuxer: cheaper and safer than seeking back
         position = 0
@@ -908,7 +910,7 @@ def _audio_from(path: Path, origin: Fraction, length: Fraction) -> tuple[np.ndar
         )
         layout = stream.layout.name
         aspan = _scan(c)[1]
-    end = round(_seconds(aspan, time_base, origin=0) * rate) if aspan else 0
+    end = round(aspan.seconds(time_base, origin=0) * rate) if aspan else 0
     zero = round(origin * rate)  # absolute sample shown with the first video frame
     end = min(end, zero + math.ceil(length * rate) + 1)
     out = np.zeros((channels, max(0, end - zero)), np.float32)

@@ -15,12 +15,19 @@ import shutil
 import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import quote
 
 # Stills written beside each MP4 (shot or film), once, after the MP4 is written.
 THUMBNAIL_NAME = "thumbnail.png"
 SPRITESHEET_NAME = "spritesheet.png"
 KEPT_REFERENCE_DIR = "reference"  # beside a shot's MP4: its frames and sound for later shots
 KEPT_REFERENCE_MANIFEST = "reference.json"
+
+
+def url_path(relative: str) -> str:
+    """A root-relative path as it goes in a URL under ``/media/``: each segment percent-encoded (a
+    client's ``work_id`` or ``shot_id`` may hold ``#``, ``?``, ``%`` or spaces; the route decodes once)."""
+    return quote(relative, safe="/")
 
 
 def path_part(value: str) -> str:

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
 from settings.api import InputPolicy
-from shotloom.media import file_sha256
+from shotloom.media import Span, file_sha256
 
 if TYPE_CHECKING:
     from api.store import Store
@@ -566,26 +566,6 @@ def _validate_av(
     return ext, media_type, width, height
 
 
-class _Span:
-    """One stream's packets: how many, the first timestamp and the last one plus its duration."""
-
-    def __init__(self) -> None:
-        self.packets = 0
-        self.start: int | None = None
-        self.end: int | None = None
-
-    def add(self, ts: int | None, duration: int) -> None:
-        self.packets += 1
-        if ts is not None:
-            self.start = ts if self.start is None else min(self.start, ts)
-            self.end = ts + duration if self.end is None else max(self.end, ts + duration)
-
-    def seconds(self, time_base: Fraction | None) -> Fraction:
-        if self.start is None or self.end is None or not time_base:
-            return Fraction(0)
-        return max(Fraction(0), (self.end - self.start) * Fraction(time_base))
-
-
 def _check_length(container: Any, role: Literal["audio", "video"], policy: InputPolicy, field: str) -> None:
     """Measure the input (its first ``role`` stream and, for a video, its first audio track) from its
     packets' timestamps, one demux pass without decoding, and from the container's own durations;
@@ -594,7 +574,7 @@ def _check_length(container: Any, role: Literal["audio", "video"], policy: Input
     video = container.streams.video[0] if role == "video" else None
     audio = container.streams.audio[0] if container.streams.audio else None
     scanned = [s for s in (video, audio) if s is not None]
-    spans = {s.index: _Span() for s in scanned}
+    spans = {s.index: Span() for s in scanned}
     for packet in container.demux(*scanned):
         if packet.size:  # size 0: flush packets
             ts = packet.pts if packet.pts is not None else packet.dts

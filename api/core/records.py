@@ -17,19 +17,18 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from contracts.runs import MERGE_OP, SHOT_OP, STITCH_OP, MergeConfig, ShotConfig, StitchConfig
+from shotloom.media_store import url_path
 
 MEDIA_PREFIX = "/media/"  # where the API serves the media root
 
 
 def media_url_path(relative: str) -> str:
-    """The URL path of a file under the media root: each segment percent-encoded (a client's
-    ``work_id`` or ``shot_id`` may hold ``#``, ``?``, ``%`` or spaces; ``/media`` decodes it once)."""
-    return MEDIA_PREFIX + quote(relative, safe="/")
+    """The URL path of a file under the media root (:func:`shotloom.media_store.url_path`)."""
+    return MEDIA_PREFIX + url_path(relative)
 
 
 class _JsonRecord(BaseModel):
